@@ -1,0 +1,381 @@
+"""The YAML config: frozen dataclasses, defaults in one place, validation that names key paths.
+
+Every problem found is collected (not just the first) so that ``pgtaskd check-config`` can
+print one line per problem. Relative paths are resolved against the config file's folder, so
+a config works the same whatever the daemon's working directory is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import ConfigError
+
+CONFIG_ENV = "PGTASKD_CONFIG"
+DSN_ENV = "PGTASKD_DSN"
+
+DEFAULT_LEASE_SECONDS = 30.0
+DEFAULT_RENEW_INTERVAL = 10.0
+DEFAULT_POLL_INTERVAL = 0.5
+DEFAULT_RETRY_BASE_DELAY = 2.0
+DEFAULT_RETRY_MAX_DELAY = 600.0
+DEFAULT_RETRY_JITTER = 0.1
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+DEFAULT_REAPER_INTERVAL = 5.0
+DEFAULT_HEALTH_INTERVAL = 5.0
+DEFAULT_MAX_PENDING_AGE = 300.0
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+DEFAULT_DATA_DIR = "var/pgdata"
+DEFAULT_HANDLERS_PATH = "handlers"
+
+_HANDLER_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_POOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    dsn: str | None
+    """libpq connection string or URI; None means the embedded PostgreSQL in ``data_dir``."""
+    data_dir: Path
+    """Where the embedded PostgreSQL keeps its files (used only without a DSN)."""
+    connect_timeout: float = 5.0
+    """Seconds to wait for a connection before calling the database unreachable."""
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    seconds: float = DEFAULT_LEASE_SECONDS
+    """How long a claim is valid without renewal."""
+    renew_interval: float = DEFAULT_RENEW_INTERVAL
+    """How often the running worker extends its lease; must be well below ``seconds``."""
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    base_delay: float = DEFAULT_RETRY_BASE_DELAY
+    """Delay before the first retry; doubles with each further retry."""
+    max_delay: float = DEFAULT_RETRY_MAX_DELAY
+    """Cap on the doubled delay."""
+    jitter: float = DEFAULT_RETRY_JITTER
+    """Up to this fraction of the delay is added at random, so failures do not retry in step."""
+
+
+@dataclass(frozen=True)
+class HandlersConfig:
+    path: Path
+    """Folder that worker children put on their import path."""
+    types: Mapping[str, str]
+    """Task type -> ``module:function`` resolved from ``path``."""
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    name: str
+    processes: int
+    """How many worker children this pool runs."""
+    task_types: tuple[str, ...]
+    """The task types this pool claims (default: every handled type)."""
+
+
+@dataclass(frozen=True)
+class ReaperConfig:
+    interval: float = DEFAULT_REAPER_INTERVAL
+    """Seconds between scans for expired leases."""
+    batch_size: int = 100
+    """At most this many expired tasks are rescued per statement."""
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    interval: float = DEFAULT_HEALTH_INTERVAL
+    """Seconds between health checks."""
+    max_pending_age: float = DEFAULT_MAX_PENDING_AGE
+    """A due task waiting longer than this makes the daemon unhealthy."""
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    listen: str = DEFAULT_METRICS_LISTEN
+    """``host:port`` of the /metrics and /healthz endpoint; empty string disables it."""
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        if not self.listen:
+            return None
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None
+    database: DatabaseConfig
+    lease: LeaseConfig
+    poll_interval: float
+    retry: RetryConfig
+    handlers: HandlersConfig
+    pools: tuple[PoolConfig, ...]
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    reaper: ReaperConfig = field(default_factory=ReaperConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+
+    @property
+    def handled_types(self) -> frozenset[str]:
+        return frozenset(self.handlers.types)
+
+
+class _Validator:
+    """Reads a parsed YAML tree, collecting one problem per bad key path."""
+
+    def __init__(self, base_dir: Path):
+        self.base_dir = base_dir
+        self.problems: list[str] = []
+
+    def problem(self, path: str, message: str) -> None:
+        self.problems.append(f"{path}: {message}")
+
+    def section(self, tree: Mapping, key: str, path: str, allowed: set[str]) -> dict:
+        value = tree.get(key, {})
+        full = f"{path}.{key}" if path else key
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.problem(full, f"must be a mapping, got {_type_name(value)}")
+            return {}
+        self.unknown(value, full, allowed)
+        return value
+
+    def unknown(self, tree: Mapping, path: str, allowed: set[str]) -> None:
+        for key in tree:
+            if key not in allowed:
+                where = f"{path}.{key}" if path else str(key)
+                self.problem(where, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+    def number(self, tree: Mapping, key: str, path: str, default: float, *,
+               minimum: float = 0.0, strict: bool = True) -> float:
+        if key not in tree or tree[key] is None:
+            return default
+        value = tree[key]
+        full = f"{path}.{key}" if path else key
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.problem(full, f"must be a number of seconds, got {_type_name(value)} {value!r}")
+            return default
+        if (strict and value <= minimum) or (not strict and value < minimum):
+            bound = "greater than" if strict else "at least"
+            self.problem(full, f"must be {bound} {minimum:g}, got {value!r}")
+            return default
+        return float(value)
+
+    def integer(self, tree: Mapping, key: str, path: str, default: int, *, minimum: int) -> int:
+        if key not in tree or tree[key] is None:
+            return default
+        value = tree[key]
+        full = f"{path}.{key}" if path else key
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.problem(full, f"must be a whole number, got {_type_name(value)} {value!r}")
+            return default
+        if value < minimum:
+            self.problem(full, f"must be at least {minimum}, got {value!r}")
+            return default
+        return value
+
+    def string(self, tree: Mapping, key: str, path: str, default: str | None) -> str | None:
+        if key not in tree or tree[key] is None:
+            return default
+        value = tree[key]
+        if not isinstance(value, str):
+            self.problem(f"{path}.{key}" if path else key,
+                         f"must be a string, got {_type_name(value)}")
+            return default
+        return value
+
+    def directory(self, tree: Mapping, key: str, path: str, default: str) -> Path:
+        raw = self.string(tree, key, path, default) or default
+        candidate = Path(os.path.expanduser(raw))
+        return candidate if candidate.is_absolute() else (self.base_dir / candidate).resolve()
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "mapping", list: "list", str: "string", bool: "boolean",
+            int: "integer", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+_TOP_KEYS = {"database", "lease", "poll_interval", "retry", "handlers", "pools",
+             "shutdown_timeout", "reaper", "health", "metrics", "max_payload_bytes"}
+
+
+def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
+                 env: Mapping[str, str] | None = None) -> Config:
+    """Build a Config from a parsed YAML tree, or raise ConfigError listing every problem."""
+    env = os.environ if env is None else env
+    if tree is None:
+        tree = {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"(top level): must be a mapping of keys, got {_type_name(tree)}")
+    v = _Validator(base_dir)
+    v.unknown(tree, "", _TOP_KEYS)
+
+    db = v.section(tree, "database", "", {"dsn", "data_dir", "connect_timeout"})
+    dsn = env.get(DSN_ENV) or v.string(db, "dsn", "database", None) or None
+    database = DatabaseConfig(
+        dsn=dsn,
+        data_dir=v.directory(db, "data_dir", "database", DEFAULT_DATA_DIR),
+        connect_timeout=v.number(db, "connect_timeout", "database", 5.0),
+    )
+
+    lease_tree = v.section(tree, "lease", "", {"seconds", "renew_interval"})
+    lease = LeaseConfig(
+        seconds=v.number(lease_tree, "seconds", "lease", DEFAULT_LEASE_SECONDS),
+        renew_interval=v.number(lease_tree, "renew_interval", "lease", DEFAULT_RENEW_INTERVAL),
+    )
+    if lease.renew_interval >= lease.seconds:
+        v.problem("lease.renew_interval",
+                  f"must be shorter than lease.seconds ({lease.renew_interval:g} >= {lease.seconds:g}),"
+                  " or the lease lapses between renewals")
+
+    retry_tree = v.section(tree, "retry", "", {"base_delay", "max_delay", "jitter"})
+    retry = RetryConfig(
+        base_delay=v.number(retry_tree, "base_delay", "retry", DEFAULT_RETRY_BASE_DELAY,
+                            strict=False),
+        max_delay=v.number(retry_tree, "max_delay", "retry", DEFAULT_RETRY_MAX_DELAY, strict=False),
+        jitter=v.number(retry_tree, "jitter", "retry", DEFAULT_RETRY_JITTER, strict=False),
+    )
+    if retry.max_delay < retry.base_delay:
+        v.problem("retry.max_delay", f"must be at least retry.base_delay ({retry.base_delay:g})")
+    if retry.jitter > 1:
+        v.problem("retry.jitter", f"must be a fraction from 0 to 1, got {retry.jitter:g}")
+
+    handlers = _parse_handlers(v, tree)
+    pools = _parse_pools(v, tree, handlers)
+
+    reaper_tree = v.section(tree, "reaper", "", {"interval", "batch_size"})
+    health_tree = v.section(tree, "health", "", {"interval", "max_pending_age"})
+    metrics_tree = v.section(tree, "metrics", "", {"listen"})
+    listen = v.string(metrics_tree, "listen", "metrics", DEFAULT_METRICS_LISTEN) or ""
+    if listen and not re.match(r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$", listen):
+        v.problem("metrics.listen", f"must be host:port (like 127.0.0.1:9464), got {listen!r}")
+    elif listen and not 0 <= int(listen.rpartition(":")[2]) <= 65535:
+        v.problem("metrics.listen", f"port must be 0 to 65535, got {listen!r}")
+
+    config = Config(
+        path=path,
+        database=database,
+        lease=lease,
+        poll_interval=v.number(tree, "poll_interval", "", DEFAULT_POLL_INTERVAL),
+        retry=retry,
+        handlers=handlers,
+        pools=pools,
+        shutdown_timeout=v.number(tree, "shutdown_timeout", "", DEFAULT_SHUTDOWN_TIMEOUT,
+                                  strict=False),
+        reaper=ReaperConfig(
+            interval=v.number(reaper_tree, "interval", "reaper", DEFAULT_REAPER_INTERVAL),
+            batch_size=v.integer(reaper_tree, "batch_size", "reaper", 100, minimum=1),
+        ),
+        health=HealthConfig(
+            interval=v.number(health_tree, "interval", "health", DEFAULT_HEALTH_INTERVAL),
+            max_pending_age=v.number(health_tree, "max_pending_age", "health",
+                                     DEFAULT_MAX_PENDING_AGE),
+        ),
+        metrics=MetricsConfig(listen=listen),
+        max_payload_bytes=v.integer(tree, "max_payload_bytes", "", DEFAULT_MAX_PAYLOAD_BYTES,
+                                    minimum=2),
+    )
+    if v.problems:
+        raise ConfigError(v.problems)
+    return config
+
+
+def _parse_handlers(v: _Validator, tree: Mapping) -> HandlersConfig:
+    section = v.section(tree, "handlers", "", {"path", "types"})
+    types_tree = section.get("types") or {}
+    types: dict[str, str] = {}
+    if not isinstance(types_tree, dict):
+        v.problem("handlers.types", f"must be a mapping of task type to module:function, "
+                                    f"got {_type_name(types_tree)}")
+    else:
+        for task_type, spec in types_tree.items():
+            where = f"handlers.types.{task_type}"
+            if not isinstance(task_type, str) or not task_type:
+                v.problem(where, "a task type must be a non-empty string")
+            elif not isinstance(spec, str) or not _HANDLER_SPEC.match(spec):
+                v.problem(where, f"must be 'module:function' (like 'echo:handle'), got {spec!r}")
+            else:
+                types[task_type] = spec
+    return HandlersConfig(path=v.directory(section, "path", "handlers", DEFAULT_HANDLERS_PATH),
+                          types=types)
+
+
+def _parse_pools(v: _Validator, tree: Mapping, handlers: HandlersConfig) -> tuple[PoolConfig, ...]:
+    raw = tree.get("pools")
+    if raw is None:
+        return (PoolConfig("default", 1, tuple(sorted(handlers.types))),)
+    if not isinstance(raw, dict):
+        v.problem("pools", f"must be a mapping of pool name to settings, got {_type_name(raw)}")
+        return ()
+    pools = []
+    for name, settings in raw.items():
+        where = f"pools.{name}"
+        if not isinstance(name, str) or not _POOL_NAME.match(name):
+            v.problem(where, "a pool name must be 1-40 letters, digits, '_' or '-'")
+            continue
+        settings = settings or {}
+        if not isinstance(settings, dict):
+            v.problem(where, f"must be a mapping, got {_type_name(settings)}")
+            continue
+        v.unknown(settings, where, {"processes", "task_types"})
+        processes = v.integer(settings, "processes", where, 1, minimum=0)
+        task_types = settings.get("task_types")
+        if task_types is None:
+            chosen = tuple(sorted(handlers.types))
+        elif not isinstance(task_types, list) or not all(isinstance(t, str) for t in task_types):
+            v.problem(f"{where}.task_types", "must be a list of task type names")
+            chosen = ()
+        else:
+            for t in task_types:
+                if t not in handlers.types:
+                    v.problem(f"{where}.task_types",
+                              f"{t!r} has no handler under handlers.types")
+            chosen = tuple(dict.fromkeys(task_types))
+        pools.append(PoolConfig(name, processes, chosen))
+    return tuple(pools)
+
+
+def resolve_config_path(explicit: str | os.PathLike | None,
+                        env: Mapping[str, str] | None = None) -> Path | None:
+    env = os.environ if env is None else env
+    chosen = explicit or env.get(CONFIG_ENV)
+    return Path(chosen) if chosen else None
+
+
+def load_config(explicit: str | os.PathLike | None = None,
+                env: Mapping[str, str] | None = None) -> Config:
+    """Load the config named by ``-c``, else ``$PGTASKD_CONFIG``, else the built-in defaults."""
+    path = resolve_config_path(explicit, env)
+    if path is None:
+        return parse_config({}, base_dir=Path.cwd(), env=env)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {reason}") from None
+    try:
+        return parse_config(tree, base_dir=path.resolve().parent, path=path.resolve(), env=env)
+    except ConfigError as exc:
+        raise ConfigError([f"{path}: {p}" for p in exc.problems]) from None

@@ -1,0 +1,1 @@
+"""Everything that speaks SQL: connections, named queries, migrations, the embedded server."""

@@ -1,0 +1,59 @@
+"""Opening connections, and printing DSNs without their passwords."""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from ..errors import OperationalError
+
+_URI_PASSWORD = re.compile(r"^(\w+://[^:/@]*:)([^@]*)@")
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def redact_dsn(dsn: str | None) -> str:
+    """The DSN with any password replaced by ``***``, safe to log or print."""
+    if not dsn:
+        return "(embedded)"
+    redacted = _URI_PASSWORD.sub(r"\1***@", dsn)
+    redacted = re.sub(r"([?&]password=)[^&]*", r"\1***", redacted, flags=re.IGNORECASE)
+    return _KV_PASSWORD.sub(r"\1***", redacted)
+
+
+def describe_target(dsn: str) -> str:
+    """``host:port/dbname`` of a DSN, for error messages."""
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return redact_dsn(dsn)
+    host = parts.get("host") or parts.get("hostaddr") or "localhost"
+    port = parts.get("port") or "5432"
+    return f"{host}:{port}/{parts.get('dbname') or parts.get('user') or ''}"
+
+
+def connection_failure(dsn: str, exc: BaseException) -> OperationalError:
+    """One line naming the server and why it could not be reached, password-free."""
+    reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+    reason = reason.replace(dsn, redact_dsn(dsn)) if dsn else reason
+    reason = re.sub(r'^connection failed: ', "", reason)
+    return OperationalError(f"cannot connect to PostgreSQL at {describe_target(dsn)}: {reason}")
+
+
+def with_options(dsn: str, **options) -> str:
+    """The DSN with libpq options added (application_name, connect_timeout, ...)."""
+    return make_conninfo(dsn, **{k: v for k, v in options.items() if v is not None})
+
+
+def connect(dsn: str, *, autocommit: bool = True, connect_timeout: float = 5.0,
+            application_name: str = "pgtaskd") -> psycopg.Connection:
+    """A plain connection, or an OperationalError that names the server and the reason."""
+    try:
+        return psycopg.connect(
+            with_options(dsn, connect_timeout=max(1, int(connect_timeout)),
+                         application_name=application_name),
+            autocommit=autocommit,
+        )
+    except psycopg.Error as exc:
+        raise connection_failure(dsn, exc) from None

@@ -1,0 +1,114 @@
+"""One function per named query: the only way the rest of pgtaskd touches the tasks table.
+
+Each function takes an open psycopg connection (autocommit, or inside the caller's
+transaction) and returns plain dicts or values, so the worker loop, the reaper and the client
+never see SQL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from ..config import RetryConfig
+from .queries import QUERIES
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Who owns a task: the fencing token is what makes an owner's later writes safe."""
+    task_id: str
+    worker_id: str
+    token: int
+
+
+def _one(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> dict | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(QUERIES[name], params)
+        return cur.fetchone()
+
+
+def _all(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> list[dict]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(QUERIES[name], params)
+        return cur.fetchall()
+
+
+def _backoff(retry: RetryConfig) -> dict[str, float]:
+    return {"base_delay": retry.base_delay, "max_delay": retry.max_delay, "jitter": retry.jitter}
+
+
+def claim_task(conn, *, worker_id: str, task_types: Iterable[str],
+               lease_seconds: float) -> dict | None:
+    """Claim the most urgent due task of these types, or None. Commits on return."""
+    return _one(conn, "claim_task", {"worker_id": worker_id, "task_types": list(task_types),
+                                     "lease_seconds": lease_seconds})
+
+
+def renew_lease(conn, claim: Claim, *, lease_seconds: float) -> bool:
+    """Extend the lease; False means the claim is lost (cancelled, or taken over)."""
+    return _one(conn, "renew_lease", {"task_id": claim.task_id, "worker_id": claim.worker_id,
+                                      "token": claim.token, "lease_seconds": lease_seconds}) is not None
+
+
+def complete_task(conn, claim: Claim) -> bool:
+    return _one(conn, "complete_task", {"task_id": claim.task_id, "worker_id": claim.worker_id,
+                                        "token": claim.token}) is not None
+
+
+def fail_attempt(conn, claim: Claim, *, error: str, permanent: bool,
+                 retry: RetryConfig) -> dict | None:
+    """Record a failed run. Returns {status, retry_count, retry_delay}, or None if not ours."""
+    return _one(conn, "fail_attempt", {"task_id": claim.task_id, "worker_id": claim.worker_id,
+                                       "token": claim.token, "error": error,
+                                       "permanent": permanent, **_backoff(retry)})
+
+
+def release_task(conn, task_id: str, token: int) -> bool:
+    """Back to PENDING without spending a retry (a stopping daemon, not a failing task)."""
+    return _one(conn, "release_task", {"task_id": task_id, "token": token}) is not None
+
+
+def rescue_task(conn, task_id: str, token: int, *, error: str,
+                retry: RetryConfig) -> dict | None:
+    """A dead child's claim counts as a failed attempt now rather than at lease expiry."""
+    return _one(conn, "rescue_task", {"task_id": task_id, "token": token, "error": error,
+                                      **_backoff(retry)})
+
+
+def reap_expired_leases(conn, *, batch_size: int, retry: RetryConfig) -> list[dict]:
+    return _all(conn, "reap_expired_leases", {"batch_size": batch_size, **_backoff(retry)})
+
+
+def cancel_task(conn, task_id: str) -> bool:
+    """True if the task was PENDING or RUNNING and is now CANCELLED."""
+    return _one(conn, "cancel_task", {"task_id": task_id}) is not None
+
+
+def get_task(conn, task_id: str) -> dict | None:
+    return _one(conn, "get_task", {"task_id": task_id})
+
+
+def task_status(conn, task_id: str) -> dict | None:
+    return _one(conn, "task_status", {"task_id": task_id})
+
+
+def insert_task(conn, *, task_id: str, name: str, task_type: str, payload: dict,
+                priority: int = 0, scheduled_time=None, max_retries: int = 3) -> bool:
+    """Insert a PENDING task; False if a task with this id exists already (nothing written)."""
+    return _one(conn, "insert_task", {
+        "id": task_id, "name": name, "task_type": task_type, "payload": Jsonb(payload),
+        "priority": priority, "scheduled_time": scheduled_time, "max_retries": max_retries,
+    }) is not None
+
+
+def queue_health(conn, *, max_pending_age: float) -> dict:
+    return _one(conn, "queue_health", {"max_pending_age": max_pending_age})
+
+
+def count_by_status(conn) -> dict[str, int]:
+    return {row["status"]: row["count"] for row in _all(conn, "count_by_status", {})}

@@ -1,0 +1,31 @@
+"""The metrics worker children record.
+
+In the daemon, the parent sets ``PROMETHEUS_MULTIPROC_DIR`` before any child starts, so each
+child writes these to its own files there and the parent's /metrics sums every child, those
+that already exited included. Gauges about the queue are not recorded here: the parent reads
+them from the database at scrape time (see maintenance/http.py).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+_TASK = ("pool", "task_type")
+
+TASKS_CLAIMED = Counter("pgtaskd_tasks_claimed", "Tasks claimed by a worker", _TASK)
+TASKS_COMPLETED = Counter("pgtaskd_tasks_completed", "Tasks completed", _TASK)
+TASKS_FAILED = Counter("pgtaskd_tasks_failed", "Tasks marked FAILED (retries spent or permanent)",
+                       _TASK)
+TASKS_RETRIED = Counter("pgtaskd_tasks_retried", "Failed runs scheduled for another try", _TASK)
+TASKS_CANCELLED = Counter("pgtaskd_tasks_cancelled",
+                          "Runs stopped because their task was cancelled", _TASK)
+STALE_RESULTS = Counter("pgtaskd_stale_results_discarded",
+                        "Results dropped because the worker no longer owned the task", _TASK)
+LEASE_RENEWALS = Counter("pgtaskd_lease_renewals", "Successful lease renewals", _TASK)
+LOOP_ERRORS = Counter("pgtaskd_loop_errors", "Errors in a worker's claim-run-finalize loop",
+                      ("pool",))
+TASK_DURATION = Histogram(
+    "pgtaskd_task_duration_seconds", "Handler run time, by outcome",
+    ("pool", "task_type", "outcome"),
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+)

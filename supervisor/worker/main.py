@@ -1,0 +1,109 @@
+"""Entry point of a worker child: ``python -m supervisor.worker.main``.
+
+The supervisor starts each child as a fresh interpreter (never a bare fork of its threaded
+self), passes the DSN in the environment (never on the command line, where ``ps`` shows it)
+and reads the child's reports from the pipe named by ``--channel-fd``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+
+from .. import proctitle
+from ..channel import ChildChannel
+from ..config import DSN_ENV, load_config
+from ..errors import EXIT_BOOT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError
+from ..logs import emit, setup_logging
+from .loop import Worker, open_pool
+from .registry import load_handlers
+
+
+def make_worker_id(pool: str, slot: int) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{pool}#{slot}"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="pgtaskd-worker",
+                                     description="One pgtaskd worker (started by the supervisor).")
+    parser.add_argument("-c", "--config", help="config file (default: $PGTASKD_CONFIG)")
+    parser.add_argument("--pool", default="default", help="the pool this child belongs to")
+    parser.add_argument("--slot", type=int, default=1, help="this child's number in its pool")
+    parser.add_argument("--channel-fd", type=int, default=None,
+                        help="file descriptor of the pipe to the supervisor")
+    return parser.parse_args(argv)
+
+
+def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: ChildChannel,
+               stop_event: threading.Event) -> int:
+    """Boot (handlers, database), report it, then loop until stopped. Returns an exit code."""
+    pool_config = next((p for p in config.pools if p.name == pool_name), None)
+    if pool_config is None:
+        emit("worker_boot_failed", error=f"pools.{pool_name}: no such pool in the config")
+        return EXIT_BOOT_FAILED
+    worker_id = make_worker_id(pool_name, slot)
+    try:
+        handlers = load_handlers(config.handlers.path, config.handlers.types,
+                                 only=pool_config.task_types)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            emit("worker_boot_failed", worker_id=worker_id, pool=pool_name, error=problem)
+        return EXIT_BOOT_FAILED
+    pool = open_pool(dsn, connect_timeout=config.database.connect_timeout,
+                     name=f"pgtaskd {pool_name}#{slot}")
+    try:
+        pool.open(wait=True, timeout=max(config.database.connect_timeout, 1.0))
+    except Exception as exc:
+        emit("worker_boot_failed", worker_id=worker_id, pool=pool_name,
+             error=f"cannot connect to PostgreSQL: {exc}")
+        pool.close()
+        return EXIT_BOOT_FAILED
+    try:
+        worker = Worker(config, pool=pool, handlers=handlers, worker_id=worker_id,
+                        pool_name=pool_name, channel=channel, stop_event=stop_event)
+        worker.on_title = lambda state: proctitle.worker_title(pool_name, slot, state)
+        proctitle.worker_title(pool_name, slot, "idle")
+        channel.send("booted", pid=os.getpid(), worker_id=worker_id,
+                     task_types=list(worker.task_types))
+        worker.run()
+        channel.send("stopping", reason="asked to stop")
+    finally:
+        pool.close()
+    return EXIT_OK
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    setup_logging()
+    stop_event = threading.Event()
+
+    def request_stop(signum, frame):
+        # Only set a flag: the loop finishes its current task, then leaves.
+        stop_event.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    # Reload is the supervisor's business: it replaces children rather than reloading them.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    proctitle.worker_title(args.pool, args.slot, "booting")
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            emit("worker_boot_failed", error=problem)
+        return EXIT_USAGE
+    dsn = os.environ.get(DSN_ENV) or config.database.dsn
+    if not dsn:
+        emit("worker_boot_failed", error=f"no DSN: the supervisor passes it in ${DSN_ENV}")
+        return EXIT_BOOT_FAILED
+    channel = ChildChannel(args.channel_fd)
+    return run_worker(config, pool_name=args.pool, slot=args.slot, dsn=dsn, channel=channel,
+                      stop_event=stop_event)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""What a handler receives: the task's fields and the means to notice it was cancelled."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, ContextManager
+
+from ..errors import TaskCancelled
+
+
+@dataclass
+class Task:
+    id: str
+    name: str
+    task_type: str
+    payload: dict[str, Any]
+    priority: int
+    retry_count: int
+    max_retries: int
+    worker_id: str
+    attempts: int = 1
+    scheduled_time: datetime | None = None
+    created_at: datetime | None = None
+    _lost: threading.Event = field(default_factory=threading.Event, repr=False)
+    _lost_reason: list[str] = field(default_factory=list, repr=False)
+    _connection: Callable[[], ContextManager] | None = field(default=None, repr=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across every run of this task: key external effects with it."""
+        return self.id
+
+    def is_cancelled(self) -> bool:
+        """True once the task is no longer ours to finish: cancelled, or its lease was lost.
+
+        The lease renewal finds this out, so it turns true within one renew interval.
+        A handler doing long work should check it at safe points and stop.
+        """
+        return self._lost.is_set()
+
+    @property
+    def cancel_reason(self) -> str | None:
+        return self._lost_reason[0] if self._lost_reason else None
+
+    def raise_if_cancelled(self) -> None:
+        if self._lost.is_set():
+            raise TaskCancelled(self.cancel_reason or "cancelled")
+
+    def connection(self) -> ContextManager:
+        """A database connection (autocommit) borrowed from the worker, for idempotent writes
+        such as recording an operation id under a unique constraint."""
+        if self._connection is None:
+            raise RuntimeError("this task has no database connection attached")
+        return self._connection()
+
+    def mark_lost(self, reason: str) -> None:
+        if not self._lost.is_set():
+            self._lost_reason.append(reason)
+            self._lost.set()
+
+    @classmethod
+    def from_row(cls, row: dict, *, worker_id: str,
+                 connection: Callable[[], ContextManager] | None = None) -> "Task":
+        return cls(
+            id=row["id"], name=row["name"], task_type=row["task_type"],
+            payload=row["payload"] if isinstance(row["payload"], dict) else {"value": row["payload"]},
+            priority=row["priority"], retry_count=row["retry_count"],
+            max_retries=row["max_retries"], worker_id=worker_id,
+            attempts=row.get("attempts", 1), scheduled_time=row.get("scheduled_time"),
+            created_at=row.get("created_at"), _connection=connection,
+        )
