@@ -1,0 +1,139 @@
+"""Shared fixtures: a real PostgreSQL for the run, a fresh database per test.
+
+By default the run starts its own throwaway server (tests/pgcluster.py). With
+PGTASKD_TEST_DSN set (a role that may CREATE DATABASE), it uses that server instead. Either
+way each test gets its own database cloned from a migrated template, so tests never see each
+other's rows.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+import warnings
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_DIR = TESTS_DIR.parent
+sys.path.insert(0, str(TESTS_DIR))
+
+from pgcluster import ThrowawayPostgres  # noqa: E402
+
+from supervisor.config import parse_config  # noqa: E402
+from supervisor.db.migrate import migrate  # noqa: E402
+
+TEMPLATE_DB = "pgtaskd_test_template"
+TEST_HANDLERS = TESTS_DIR / "handlers"
+
+warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+
+
+def dsn_for(admin_dsn: str, dbname: str) -> str:
+    params = conninfo_to_dict(admin_dsn)
+    params["dbname"] = dbname
+    return make_conninfo(**params)
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn(tmp_path_factory):
+    """DSN of a role that can create databases, on the server this run uses."""
+    external = os.environ.get("PGTASKD_TEST_DSN")
+    if external:
+        yield external
+        return
+    server = ThrowawayPostgres(tmp_path_factory.mktemp("pg"))
+    server.init()
+    server.start()
+    try:
+        yield server.dsn()
+    finally:
+        server.destroy()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_admin_dsn):
+    """A database with the pgtaskd schema, cloned for each test (faster than migrating)."""
+    name = f"{TEMPLATE_DB}_{os.getpid()}"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    with psycopg.connect(dsn_for(pg_admin_dsn, name), autocommit=True) as conn:
+        migrate(conn)
+        # Where the test handlers (tests/handlers/basic.py) record each run they make.
+        conn.execute("CREATE TABLE test_runs (task_id TEXT, worker_id TEXT, retry_count INT, "
+                     "pid INT, at TIMESTAMPTZ DEFAULT clock_timestamp())")
+    yield name
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def db_dsn(pg_admin_dsn, template_db):
+    """A fresh, migrated database for one test; dropped afterwards."""
+    name = f"pgtaskd_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    yield dsn_for(pg_admin_dsn, name)
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_db_dsn(pg_admin_dsn):
+    """A fresh database without the schema, for migration tests."""
+    name = f"pgtaskd_e_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield dsn_for(pg_admin_dsn, name)
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def conn(db_dsn):
+    with psycopg.connect(db_dsn, autocommit=True) as connection:
+        yield connection
+
+
+def make_config(dsn: str | None = None, **tree):
+    """A Config for tests: fast leases and retries, the test handlers, overridable by key."""
+    base = {
+        "database": {"dsn": dsn} if dsn else {},
+        "lease": {"seconds": 30, "renew_interval": 10},
+        "poll_interval": 0.05,
+        "retry": {"base_delay": 0.0, "max_delay": 0.0, "jitter": 0.0},
+        "handlers": {"path": str(TEST_HANDLERS), "types": {
+            "echo": "basic:echo", "record": "basic:record", "fail": "basic:fail",
+            "permanent": "basic:permanent", "sleep": "basic:sleep",
+            "cooperative": "basic:cooperative",
+        }},
+    }
+    for key, value in tree.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = {**base[key], **value}
+        else:
+            base[key] = value
+    return parse_config(base, base_dir=TESTS_DIR, env={})
+
+
+@pytest.fixture
+def config_for():
+    return make_config
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, message: str = ""):
+    """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {message or predicate}")
+        time.sleep(interval)
