@@ -29,3 +29,12 @@ TASK_DURATION = Histogram(
     ("pool", "task_type", "outcome"),
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
 )
+
+# Recorded by the supervisor itself.
+WORKER_RESTARTS = Counter("pgtaskd_worker_restarts", "Worker children started again after an exit",
+                          ("pool",))
+TASKS_RESCUED = Counter("pgtaskd_tasks_rescued",
+                        "Claims of dead children settled at once by the supervisor",
+                        ("pool", "task_type"))
+LEASES_REAPED = Counter("pgtaskd_leases_reaped", "Expired leases returned to PENDING or FAILED",
+                        ("task_type", "status"))

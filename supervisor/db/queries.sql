@@ -199,9 +199,77 @@ SELECT
         AS old_pending,
     (SELECT count(*) FROM tasks WHERE status = 'RUNNING' AND lease_until <= now())
         AS expired_leases,
+    -- Expired longer than the reaper should ever take to notice: nobody is reaping.
+    (SELECT count(*) FROM tasks
+      WHERE status = 'RUNNING' AND lease_until <= now() - (%(lease_grace)s * interval '1 second'))
+        AS stuck_leases,
     (SELECT coalesce(extract(epoch FROM now() - min(scheduled_time)), 0)::float8 FROM tasks
       WHERE status = 'PENDING' AND scheduled_time <= now())
         AS oldest_pending_age;
 
 -- name: count_by_status
 SELECT status, count(*) AS count FROM tasks GROUP BY status;
+
+-- name: submit_tasks
+-- The client's submit, for one task or thousands in one statement: the column arrays are
+-- unnested side by side, one row per task. ON CONFLICT DO NOTHING makes an id that exists
+-- already (or a second copy of an id in the same batch: the first copy wins) insert nothing,
+-- so RETURNING lists only the ids this statement created. A concurrent submit of the same id
+-- waits for the other transaction and then inserts nothing. A delay counts from the
+-- database's clock, never the client's.
+INSERT INTO tasks (id, name, task_type, payload, priority, scheduled_time, max_retries)
+SELECT batch.id, batch.name, batch.task_type, batch.payload::jsonb, batch.priority,
+       coalesce(batch.run_at, now() + coalesce(batch.delay_seconds, 0) * interval '1 second'),
+       batch.max_retries
+FROM unnest(%(ids)s::text[], %(names)s::text[], %(task_types)s::text[], %(payloads)s::text[],
+            %(priorities)s::int[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
+            %(max_retries)s::int[])
+     WITH ORDINALITY AS batch(id, name, task_type, payload, priority, run_at, delay_seconds,
+                              max_retries, position)
+ORDER BY batch.position
+ON CONFLICT (id) DO NOTHING
+RETURNING id;
+
+-- name: retry_task
+-- An operator's retry: a FAILED or CANCELLED task runs again from scratch, with its whole
+-- retry budget and no trace of the last failure. attempts keeps counting every run ever made.
+UPDATE tasks
+SET
+    status = 'PENDING',
+    retry_count = 0,
+    scheduled_time = now(),
+    error_message = NULL,
+    claimed_by = NULL,
+    lease_until = NULL,
+    finished_at = NULL,
+    updated_at = now()
+WHERE id = %(task_id)s
+  AND status IN ('FAILED', 'CANCELLED')
+RETURNING id, status;
+
+-- name: list_tasks
+-- Most recently changed first: what an operator looking at the queue wants to see.
+SELECT *
+FROM tasks
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(task_type)s::text IS NULL OR task_type = %(task_type)s::text)
+ORDER BY updated_at DESC, id
+LIMIT %(limit)s;
+
+-- name: count_by_type_and_status
+SELECT task_type, status, count(*) AS count
+FROM tasks
+GROUP BY task_type, status
+ORDER BY task_type, status;
+
+-- name: queue_summary
+-- For `pgtaskd stats`: how long the oldest due task has waited (NULL when none waits) and how
+-- many leases expired without the reaper having returned them yet.
+SELECT
+    (SELECT count(*) FROM tasks WHERE status = 'PENDING' AND scheduled_time <= now())
+        AS due_pending,
+    (SELECT extract(epoch FROM now() - min(scheduled_time))::float8 FROM tasks
+      WHERE status = 'PENDING' AND scheduled_time <= now())
+        AS oldest_pending_age,
+    (SELECT count(*) FROM tasks WHERE status = 'RUNNING' AND lease_until <= now())
+        AS expired_leases;

@@ -106,9 +106,44 @@ def insert_task(conn, *, task_id: str, name: str, task_type: str, payload: dict,
     }) is not None
 
 
-def queue_health(conn, *, max_pending_age: float) -> dict:
-    return _one(conn, "queue_health", {"max_pending_age": max_pending_age})
+def queue_health(conn, *, max_pending_age: float, lease_grace: float) -> dict:
+    return _one(conn, "queue_health", {"max_pending_age": max_pending_age,
+                                       "lease_grace": lease_grace})
 
 
 def count_by_status(conn) -> dict[str, int]:
     return {row["status"]: row["count"] for row in _all(conn, "count_by_status", {})}
+
+
+def submit_tasks(conn, *, ids: list[str], names: list[str], task_types: list[str],
+                 payloads: list[str], priorities: list[int], run_ats: list, delays: list,
+                 max_retries: list[int]) -> set[str]:
+    """Insert PENDING tasks from parallel column lists (payloads as JSON text).
+
+    Returns the ids this call created; an id missing from the result existed already.
+    """
+    rows = _all(conn, "submit_tasks", {
+        "ids": ids, "names": names, "task_types": task_types, "payloads": payloads,
+        "priorities": priorities, "run_ats": run_ats, "delays": delays,
+        "max_retries": max_retries,
+    })
+    return {row["id"] for row in rows}
+
+
+def retry_task(conn, task_id: str) -> bool:
+    """True if the task was FAILED or CANCELLED and is PENDING again."""
+    return _one(conn, "retry_task", {"task_id": task_id}) is not None
+
+
+def list_tasks(conn, *, status: str | None, task_type: str | None, limit: int) -> list[dict]:
+    return _all(conn, "list_tasks", {"status": status, "task_type": task_type, "limit": limit})
+
+
+def count_by_type_and_status(conn) -> list[dict]:
+    """Rows of {task_type, status, count}, only for pairs that have tasks."""
+    return _all(conn, "count_by_type_and_status", {})
+
+
+def queue_summary(conn) -> dict:
+    """{due_pending, oldest_pending_age (seconds, or None), expired_leases}."""
+    return _one(conn, "queue_summary", {})

@@ -35,6 +35,7 @@ _DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)
 MIN_FINALIZE_PATIENCE = 60.0
 MAX_LOOP_ERROR_BACKOFF = 10.0
 MAX_ERROR_MESSAGE = 4000
+RECONNECT_FOREVER = 365 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ def open_pool(dsn: str, *, connect_timeout: float, name: str, max_size: int = 3)
         with_options(dsn, application_name=name[:63], connect_timeout=max(1, int(connect_timeout))),
         min_size=1, max_size=max_size, kwargs={"autocommit": True},
         check=ConnectionPool.check_connection, timeout=connect_timeout, open=False, name=name,
+        # Keep trying through a long outage: a worker has nothing better to do, and giving up
+        # would leave it unable to claim after the database comes back.
+        reconnect_timeout=RECONNECT_FOREVER,
     )
 
 

@@ -8,6 +8,7 @@ and reads the child's reports from the pipe named by ``--channel-fd``.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import socket
@@ -17,7 +18,8 @@ import threading
 from .. import proctitle
 from ..channel import ChildChannel
 from ..config import DSN_ENV, load_config
-from ..errors import EXIT_BOOT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError
+from ..db.connect import connect
+from ..errors import EXIT_BOOT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, OperationalError
 from ..logs import emit, setup_logging
 from .loop import Worker, open_pool
 from .registry import load_handlers
@@ -51,18 +53,17 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: ChildCha
                                  only=pool_config.task_types)
     except ConfigError as exc:
         for problem in exc.problems:
-            emit("worker_boot_failed", worker_id=worker_id, pool=pool_name, error=problem)
+            emit("worker_boot_failed", logging.ERROR, worker_id=worker_id, pool=pool_name,
+                 error=problem)
+        channel.send("boot_failed", error="; ".join(exc.problems)[:3000])
         return EXIT_BOOT_FAILED
+    if not wait_for_database(dsn, config.database.connect_timeout, stop_event,
+                             worker_id=worker_id, pool_name=pool_name):
+        return EXIT_OK
     pool = open_pool(dsn, connect_timeout=config.database.connect_timeout,
                      name=f"pgtaskd {pool_name}#{slot}")
     try:
         pool.open(wait=True, timeout=max(config.database.connect_timeout, 1.0))
-    except Exception as exc:
-        emit("worker_boot_failed", worker_id=worker_id, pool=pool_name,
-             error=f"cannot connect to PostgreSQL: {exc}")
-        pool.close()
-        return EXIT_BOOT_FAILED
-    try:
         worker = Worker(config, pool=pool, handlers=handlers, worker_id=worker_id,
                         pool_name=pool_name, channel=channel, stop_event=stop_event)
         worker.on_title = lambda state: proctitle.worker_title(pool_name, slot, state)
@@ -74,6 +75,27 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: ChildCha
     finally:
         pool.close()
     return EXIT_OK
+
+
+def wait_for_database(dsn: str, connect_timeout: float, stop_event: threading.Event, *,
+                      worker_id: str, pool_name: str) -> bool:
+    """Wait out a database that is down: a child that cannot connect is not broken, and
+    exiting would only spin the supervisor's restart loop. The child reports "booted" only
+    once connected. False if asked to stop while waiting."""
+    delay = 0.5
+    warned = False
+    while not stop_event.is_set():
+        try:
+            connect(dsn, connect_timeout=connect_timeout).close()
+            return True
+        except OperationalError as exc:
+            if not warned:
+                emit("db_unreachable", logging.ERROR, worker_id=worker_id, pool=pool_name,
+                     error=str(exc))
+                warned = True
+            stop_event.wait(delay)
+            delay = min(delay * 2, 10.0)
+    return False
 
 
 def main(argv=None) -> int:

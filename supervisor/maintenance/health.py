@@ -1,0 +1,114 @@
+"""The health check: what a process status cannot show.
+
+Every few seconds: can the daemon reach PostgreSQL; how many due tasks waited longer than
+``health.max_pending_age``; how many leases expired and stayed unreaped; how many children
+live against the configured count. The latest report feeds /healthz and the queue gauges.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..db import store
+from .service import PeriodicService
+
+
+@dataclass(frozen=True)
+class ChildrenStatus:
+    live: int
+    expected: int
+    fused_pools: tuple[str, ...] = ()
+
+
+@dataclass
+class HealthReport:
+    database_ok: bool
+    database_error: str | None = None
+    old_pending: int = 0
+    expired_leases: int = 0
+    stuck_leases: int = 0
+    oldest_pending_age: float = 0.0
+    tasks_by_status: dict[str, int] = field(default_factory=dict)
+    children: ChildrenStatus = ChildrenStatus(0, 0)
+    checked_at: float = field(default_factory=time.monotonic)
+
+    def failing(self) -> dict[str, str]:
+        """The failing checks, each with a one-line reason; empty means healthy."""
+        failing = {}
+        if not self.database_ok:
+            failing["database"] = f"cannot reach PostgreSQL: {self.database_error}"
+        if self.old_pending:
+            failing["pending_age"] = f"{self.old_pending} due tasks waited too long"
+        if self.stuck_leases:
+            failing["expired_leases"] = f"{self.stuck_leases} expired leases not reaped"
+        if self.children.live < self.children.expected:
+            failing["children"] = f"{self.children.live} of {self.children.expected} workers live"
+        if self.children.fused_pools:
+            failing["pools"] = "restarts stopped for a crash loop: " + ", ".join(self.children.fused_pools)
+        return failing
+
+    def as_json(self) -> dict:
+        failing = self.failing()
+        return {
+            "status": "ok" if not failing else "failing",
+            "failing": failing,
+            "checks": {
+                "database": {"ok": self.database_ok, "error": self.database_error},
+                "pending_age": {"ok": not self.old_pending, "old_pending": self.old_pending,
+                                "oldest_pending_age_seconds": round(self.oldest_pending_age, 3)},
+                "expired_leases": {"ok": not self.stuck_leases, "expired": self.expired_leases,
+                                   "unreaped": self.stuck_leases},
+                "children": {"ok": self.children.live >= self.children.expected
+                             and not self.children.fused_pools,
+                             "live": self.children.live, "expected": self.children.expected,
+                             "fused_pools": list(self.children.fused_pools)},
+            },
+            "tasks_by_status": self.tasks_by_status,
+            "age_seconds": round(time.monotonic() - self.checked_at, 3),
+        }
+
+
+class HealthChecker(PeriodicService):
+    name_prefix = "health"
+
+    def __init__(self, dsn: str, *, interval: float, max_pending_age: float, lease_grace: float,
+                 children: Callable[[], ChildrenStatus], connect_timeout: float = 5.0):
+        super().__init__(dsn, interval, connect_timeout=connect_timeout)
+        self.max_pending_age = max_pending_age
+        self.lease_grace = lease_grace
+        self.children = children
+        self._lock = threading.Lock()
+        self._latest = HealthReport(database_ok=False, database_error="not checked yet")
+
+    def latest(self) -> HealthReport:
+        with self._lock:
+            report = self._latest
+        # Children come and go between database checks; their count is always current.
+        report = HealthReport(**{**report.__dict__, "children": self.children()})
+        return report
+
+    def run_once(self) -> HealthReport:
+        conn = self.connection()
+        queue = store.queue_health(conn, max_pending_age=self.max_pending_age,
+                                   lease_grace=self.lease_grace)
+        counts = store.count_by_status(conn)
+        report = HealthReport(
+            database_ok=True, old_pending=queue["old_pending"],
+            expired_leases=queue["expired_leases"], stuck_leases=queue["stuck_leases"],
+            oldest_pending_age=queue["oldest_pending_age"], tasks_by_status=counts,
+            children=self.children(),
+        )
+        with self._lock:
+            self._latest = report
+        return report
+
+    def on_failure(self, exc: BaseException) -> None:
+        text = str(exc).strip().splitlines()
+        with self._lock:
+            previous = self._latest
+            self._latest = HealthReport(
+                database_ok=False, database_error=text[-1] if text else type(exc).__name__,
+                tasks_by_status=previous.tasks_by_status, children=self.children())

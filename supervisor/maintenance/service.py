@@ -1,0 +1,77 @@
+"""A periodic background service: ``run_once()`` every ``interval`` seconds in its own thread,
+with its own database connection, reopened after any failure."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import psycopg
+
+from ..db.connect import connect
+from ..errors import OperationalError
+from ..logs import emit
+
+
+class PeriodicService(threading.Thread):
+    name_prefix = "service"
+
+    def __init__(self, dsn: str, interval: float, *, connect_timeout: float = 5.0):
+        super().__init__(name=self.name_prefix, daemon=True)
+        self.dsn = dsn
+        self.interval = interval
+        self.connect_timeout = connect_timeout
+        self._stop_event = threading.Event()
+        self._conn: psycopg.Connection | None = None
+        self._failing = False
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop_event.set()
+        self.join(timeout)
+
+    def connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._close()
+            self._conn = connect(self.dsn, connect_timeout=self.connect_timeout,
+                                 application_name=f"pgtaskd {self.name_prefix}")
+        return self._conn
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                pass
+            self._conn = None
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.tick()
+            self._stop_event.wait(self.interval)
+        self._close()
+
+    def tick(self) -> None:
+        """One run_once() that never raises: a failure is logged when it starts and ends."""
+        try:
+            self.run_once()
+        except (psycopg.Error, OperationalError) as exc:
+            self._close()
+            self.on_failure(exc)
+            if not self._failing:
+                self._failing = True
+                emit(f"{self.name_prefix}_failing", logging.ERROR, error=str(exc).strip()[:300])
+            return
+        except Exception as exc:  # a bug here must not kill the thread silently
+            self._close()
+            self.on_failure(exc)
+            emit(f"{self.name_prefix}_error", logging.ERROR, exc_info=True, error=repr(exc)[:300])
+            return
+        if self._failing:
+            self._failing = False
+            emit(f"{self.name_prefix}_recovered")
+
+    def run_once(self):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def on_failure(self, exc: BaseException) -> None:
+        """Hook for services that must record a failure (the health check does)."""

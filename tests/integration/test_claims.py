@@ -1,0 +1,167 @@
+"""The atomic claim: one owner per task, however many claimers race for it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import psycopg
+
+from supervisor.db import store
+from supervisor.db.queries import QUERIES
+from worker_fixtures import add_task, task_row
+
+CLAIMERS = 16
+
+
+def claim(conn, worker_id: str, types=("echo",), lease_seconds: float = 30):
+    return store.claim_task(conn, worker_id=worker_id, task_types=types,
+                            lease_seconds=lease_seconds)
+
+
+def test_claim_makes_the_claimer_owner_with_a_lease_and_a_token(conn):
+    add_task(conn, "t1")
+    row = claim(conn, "worker-a", lease_seconds=30)
+    assert row["id"] == "t1"
+    stored = task_row(conn, "t1")
+    assert stored["status"] == "RUNNING"
+    assert stored["claimed_by"] == "worker-a"
+    assert stored["lease_token"] == row["lease_token"] is not None
+    assert stored["attempts"] == 1
+    assert stored["started_at"] is not None
+    lease_left = conn.execute("SELECT extract(epoch FROM lease_until - now()) FROM tasks "
+                              "WHERE id = 't1'").fetchone()[0]
+    assert 25 < lease_left <= 30
+
+
+def test_claim_finds_nothing_when_no_task_is_pending(conn):
+    add_task(conn, "done")
+    row = claim(conn, "worker-a")
+    assert store.complete_task(conn, store.Claim("done", "worker-a", row["lease_token"]))
+    assert claim(conn, "worker-a") is None
+
+
+def test_a_claimed_task_with_a_live_lease_has_one_owner(conn):
+    add_task(conn, "t1")
+    first = claim(conn, "worker-a")
+    assert claim(conn, "worker-b") is None
+    assert claim(conn, "worker-a") is None, "the owner itself must not claim its task twice"
+    stored = task_row(conn, "t1")
+    assert (stored["claimed_by"], stored["lease_token"]) == ("worker-a", first["lease_token"])
+
+
+def _race(db_dsn, rounds: int, body) -> list:
+    """Run ``body(conn, worker_id, round)`` in CLAIMERS threads that start each round together."""
+    barrier = threading.Barrier(CLAIMERS)
+    results: list = []
+    errors: list = []
+    lock = threading.Lock()
+
+    def claimer(number: int) -> None:
+        worker_id = f"worker-{number}"
+        try:
+            with psycopg.connect(db_dsn, autocommit=True) as connection:
+                for round_number in range(rounds):
+                    barrier.wait(timeout=30)
+                    value = body(connection, worker_id, round_number)
+                    with lock:
+                        results.append((round_number, worker_id, value))
+        except BaseException as exc:  # surfaced in the main thread below
+            barrier.abort()
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(CLAIMERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads)
+    return results
+
+
+def test_claimers_racing_for_one_task_leave_exactly_one_winner(conn, db_dsn):
+    rounds = 25
+    # One task per round, each of its own type, so every claimer of a round wants the same row.
+    for round_number in range(rounds):
+        add_task(conn, f"r{round_number}", task_type=f"type{round_number}")
+
+    results = _race(db_dsn, rounds, lambda c, worker_id, r: claim(c, worker_id, types=(f"type{r}",)))
+
+    for round_number in range(rounds):
+        winners = [(w, row) for r, w, row in results if r == round_number and row is not None]
+        assert len(winners) == 1, f"round {round_number}: {len(winners)} claimers won"
+        worker_id, row = winners[0]
+        stored = task_row(conn, f"r{round_number}")
+        assert stored["claimed_by"] == worker_id
+        assert stored["lease_token"] == row["lease_token"]
+        assert stored["attempts"] == 1
+
+
+def test_concurrent_claimers_split_the_tasks_without_duplicates(conn, db_dsn):
+    total = 600
+    conn.execute("INSERT INTO tasks (id, name, task_type, payload) "
+                 "SELECT 't' || g, 'n', 'echo', '{}' FROM generate_series(1, %s) g", (total,))
+
+    def claim_all(c, worker_id, _round):
+        rows = []
+        while (row := claim(c, worker_id)) is not None:
+            rows.append(row)
+        return rows
+
+    results = _race(db_dsn, 1, claim_all)
+
+    claimed = [(worker_id, row) for _, worker_id, rows in results for row in rows]
+    ids = [row["id"] for _, row in claimed]
+    assert len(ids) == len(set(ids)) == total, "a task was claimed twice or not at all"
+    assert len({row["lease_token"] for _, row in claimed}) == total
+    assert len({worker_id for worker_id, _ in claimed}) > 1, "the race had a single claimer"
+    owners = dict(conn.execute("SELECT id, claimed_by FROM tasks").fetchall())
+    assert owners == {row["id"]: worker_id for worker_id, row in claimed}
+
+
+def _plan_nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+def test_claim_is_served_by_the_partial_index_without_sorting(conn):
+    pending, finished = 50_000, 50_000
+    conn.execute("INSERT INTO tasks (id, name, task_type, payload, priority, scheduled_time) "
+                 "SELECT 'p' || g, 'n', 'echo', '{}', g %% 10, now() - g * interval '1 second' "
+                 "FROM generate_series(1, %s) g", (pending,))
+    # Finished rows are most of a real table; the partial index must leave them out.
+    conn.execute("INSERT INTO tasks (id, name, task_type, payload, status) "
+                 "SELECT 'c' || g, 'n', 'echo', '{}', 'COMPLETED' "
+                 "FROM generate_series(1, %s) g", (finished,))
+    conn.execute("ANALYZE tasks")
+    params = {"worker_id": "worker-a", "task_types": ["echo"], "lease_seconds": 30}
+
+    plan = conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES["claim_task"], params).fetchone()[0]
+    nodes = list(_plan_nodes(plan[0]["Plan"]))
+    scans = [(n["Node Type"], n.get("Index Name")) for n in nodes
+             if n.get("Relation Name") == "tasks"]
+    assert ("Index Scan", "tasks_claim_order_idx") in scans, scans
+    assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], \
+        "the claim sorts instead of reading the index in order"
+    assert ("Seq Scan", None) not in scans, scans
+
+    started = time.perf_counter()
+    row = claim(conn, "worker-a")
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    print(f"\nclaim over {pending} pending + {finished} finished rows: {elapsed_ms:.2f} ms")
+    # The most urgent task: priority 9, scheduled longest ago.
+    assert (row["id"], row["priority"]) == ("p49999", 9)
+
+
+def test_claim_takes_only_due_tasks_of_the_given_types(conn):
+    add_task(conn, "future", scheduled_time=_db_now(conn) + timedelta(hours=1))
+    add_task(conn, "other-type", task_type="mystery")
+    assert claim(conn, "worker-a") is None
+    assert claim(conn, "worker-a", types=("echo", "mystery"))["id"] == "other-type"
+
+
+def _db_now(conn):
+    return conn.execute("SELECT now()").fetchone()[0]
