@@ -174,9 +174,12 @@ class Worker:
     def _fail(self, claim, task, error, permanent, fields) -> Outcome:
         message = _describe(error)
         detail = message if permanent else _with_origin(error, message)
+        # fail_attempt answers None when the claim is not ours; "or False" keeps that apart
+        # from _finalize's None, which means the write was given up on.
         result = self._finalize(
             lambda conn: store.fail_attempt(conn, claim, error=detail[:MAX_ERROR_MESSAGE],
-                                            permanent=permanent, retry=self.config.retry),
+                                            permanent=permanent, retry=self.config.retry)
+            or False,
             claim, fields)
         if result is None:
             return Outcome("lost")
