@@ -116,7 +116,10 @@ class Arbiter:
         self.targets = {p.name: p.processes for p in config.pools}
         self.signal_queue: collections.deque[int] = collections.deque()
         self.reload: Reload | None = None
+        self.reload_requested = False
         self.pending_rescues: list[tuple[Child, str]] = []
+        self.next_rescue_at = 0.0
+        self.rescue_failures = 0
         self.stopping: str | None = None  # "graceful" or "quick"
         self.stop_deadline: float | None = None
         self.ready_sent = False
@@ -130,6 +133,8 @@ class Arbiter:
         self._last_status = ""
         self.started_at = time.monotonic()
         self.health = None
+        from .maintenance.health import ChildrenStatus
+        self.children_snapshot = ChildrenStatus(0, sum(self.targets.values()))
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -142,7 +147,9 @@ class Arbiter:
         try:
             with database_dsn(self.config) as dsn:
                 self.dsn = dsn
-                self.wait_for_database()
+                if not self.wait_for_database():
+                    emit("supervisor_stopped", reason="stopped while waiting for the database")
+                    return EXIT_OK
                 if self.demo:
                     from .demo import submit_demo_tasks
                     submit_demo_tasks(self.db())
@@ -180,9 +187,9 @@ class Arbiter:
         if self.metrics_dir:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
 
-    def wait_for_database(self) -> None:
+    def wait_for_database(self) -> bool:
         """Reach PostgreSQL and migrate, retrying for a while: the database may be starting
-        alongside us (same boot, same systemd transaction)."""
+        alongside us (same boot, same systemd transaction). False if told to stop first."""
         deadline = time.monotonic() + STARTUP_DB_PATIENCE
         delay = 0.5
         while True:
@@ -191,10 +198,12 @@ class Arbiter:
                 if self.migrate_on_start:
                     for migration in migrate(conn):
                         emit("migration_applied", version=migration.version, name=migration.name)
-                return
+                return True
             except (OperationalError, psycopg.OperationalError) as exc:
                 self._close_db()
-                if time.monotonic() >= deadline or self.signal_queue:
+                if any(s in self.signal_queue for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)):
+                    return False
+                if time.monotonic() >= deadline:
                     raise OperationalError(str(exc)) from None
                 emit("database_waiting", logging.WARNING, error=str(exc).strip().splitlines()[-1])
                 time.sleep(delay)
@@ -212,7 +221,7 @@ class Arbiter:
         health = HealthChecker(self.dsn, interval=config.health.interval,
                                max_pending_age=config.health.max_pending_age,
                                lease_grace=max(3 * config.reaper.interval, 10.0),
-                               children=self.children_status,
+                               children=lambda: self.children_snapshot,
                                connect_timeout=config.database.connect_timeout)
         self.services = [reaper, health]
         for service in self.services:
@@ -324,7 +333,7 @@ class Arbiter:
             return
         if self.reload is not None:
             emit("reload_deferred", reason="a reload is already in progress")
-            self.signal_queue.append(signal.SIGHUP)
+            self.reload_requested = True
             return
         self.begin_reload()
 
@@ -502,7 +511,7 @@ class Arbiter:
         self.retry_rescues()
 
     def retry_rescues(self) -> None:
-        if not self.pending_rescues:
+        if not self.pending_rescues or time.monotonic() < self.next_rescue_at:
             return
         still = []
         for child, reason in self.pending_rescues:
@@ -515,6 +524,9 @@ class Arbiter:
                      error=str(exc).strip().splitlines()[-1])
                 still.append((child, reason))
         self.pending_rescues = still
+        self.rescue_failures = self.rescue_failures + 1 if still else 0
+        # Each attempt may block for connect_timeout; do not let an outage stall the loop.
+        self.next_rescue_at = time.monotonic() + (min(2 ** self.rescue_failures, 30) if still else 0)
 
     def rescue(self, child: Child, reason: str) -> None:
         from . import metrics
@@ -590,6 +602,9 @@ class Arbiter:
     def advance_reload(self) -> None:
         reload = self.reload
         if reload is None:
+            if self.reload_requested:
+                self.reload_requested = False
+                self.begin_reload()
             return
         newborn = [c for c in self.children.values() if c.generation == reload.generation]
         expected = sum(p.processes for p in reload.config.pools)
@@ -662,6 +677,8 @@ class Arbiter:
     def notify_systemd(self) -> None:
         now = time.monotonic()
         status = self.children_status()
+        # The health thread reads this reference; replacing it whole is atomic.
+        self.children_snapshot = status
         if not self.ready_sent and not self.stopping:
             first = [c for c in self.children.values() if c.generation == 1]
             all_booted = all(c.booted for c in first) and len(first) >= status.expected
