@@ -33,7 +33,7 @@ from . import proctitle, systemd
 from .channel import LineReader
 from .config import DSN_ENV, Config, load_config
 from .db import store
-from .db.connect import connect, redact_dsn
+from .db.connect import LazyConnection, redact_dsn
 from .db.migrate import migrate
 from .db.session import database_dsn
 from .errors import EXIT_FAILURE, EXIT_OK, ConfigError, OperationalError
@@ -124,7 +124,7 @@ class Arbiter:
         self.stop_deadline: float | None = None
         self.ready_sent = False
         self.dsn: str | None = None
-        self._db: psycopg.Connection | None = None
+        self._db: LazyConnection | None = None
         self._wake_r, self._wake_w = os.pipe()
         self.metrics_dir: str | None = None
         self.services: list = []
@@ -713,19 +713,14 @@ class Arbiter:
     # -- the supervisor's own connection (main thread only) ----------------------------------
 
     def db(self) -> psycopg.Connection:
-        if self._db is None or self._db.closed or self._db.broken:
-            self._close_db()
-            self._db = connect(self.dsn, connect_timeout=self.config.database.connect_timeout,
-                               application_name="pgtaskd supervisor")
-        return self._db
+        if self._db is None:
+            self._db = LazyConnection(self.dsn, connect_timeout=self.config.database.connect_timeout,
+                                      application_name="pgtaskd supervisor")
+        return self._db.get()
 
     def _close_db(self) -> None:
         if self._db is not None:
-            try:
-                self._db.close()
-            except psycopg.Error:
-                pass
-            self._db = None
+            self._db.close()
 
 
 def describe_exit(code: int) -> str:

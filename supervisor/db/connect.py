@@ -17,9 +17,12 @@ def redact_dsn(dsn: str | None) -> str:
     """The DSN with any password replaced by ``***``, safe to log or print."""
     if not dsn:
         return "(embedded)"
-    redacted = _URI_PASSWORD.sub(r"\1***@", dsn)
-    redacted = re.sub(r"([?&]password=)[^&]*", r"\1***", redacted, flags=re.IGNORECASE)
-    return _KV_PASSWORD.sub(r"\1***", redacted)
+    if re.match(r"^\w+://", dsn):
+        # Only the key=value form may hold a password up to the next space: in a URI that
+        # would swallow every query parameter after ?password=.
+        redacted = _URI_PASSWORD.sub(r"\1***@", dsn)
+        return re.sub(r"([?&]password=)[^&]*", r"\1***", redacted, flags=re.IGNORECASE)
+    return _KV_PASSWORD.sub(r"\1***", dsn)
 
 
 def describe_target(dsn: str) -> str:
@@ -57,3 +60,30 @@ def connect(dsn: str, *, autocommit: bool = True, connect_timeout: float = 5.0,
         )
     except psycopg.Error as exc:
         raise connection_failure(dsn, exc) from None
+
+
+class LazyConnection:
+    """One autocommit connection for one thread: opened on first use, reopened after it
+    broke. For the supervisor's threads, which each need a single connection and must
+    survive a database restart."""
+
+    def __init__(self, dsn: str, *, connect_timeout: float, application_name: str):
+        self.dsn = dsn
+        self.connect_timeout = connect_timeout
+        self.application_name = application_name
+        self._conn: psycopg.Connection | None = None
+
+    def get(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self.close()
+            self._conn = connect(self.dsn, connect_timeout=self.connect_timeout,
+                                 application_name=self.application_name)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                pass
+            self._conn = None

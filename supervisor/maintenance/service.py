@@ -8,7 +8,7 @@ import threading
 
 import psycopg
 
-from ..db.connect import connect
+from ..db.connect import LazyConnection
 from ..errors import OperationalError
 from ..logs import emit
 
@@ -22,7 +22,8 @@ class PeriodicService(threading.Thread):
         self.interval = interval
         self.connect_timeout = connect_timeout
         self._stop_event = threading.Event()
-        self._conn: psycopg.Connection | None = None
+        self._conn = LazyConnection(dsn, connect_timeout=connect_timeout,
+                                    application_name=f"pgtaskd {self.name_prefix}")
         self._failing = False
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -30,19 +31,10 @@ class PeriodicService(threading.Thread):
         self.join(timeout)
 
     def connection(self) -> psycopg.Connection:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._close()
-            self._conn = connect(self.dsn, connect_timeout=self.connect_timeout,
-                                 application_name=f"pgtaskd {self.name_prefix}")
-        return self._conn
+        return self._conn.get()
 
     def _close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except psycopg.Error:
-                pass
-            self._conn = None
+        self._conn.close()
 
     def run(self) -> None:
         while not self._stop_event.is_set():
