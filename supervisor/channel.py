@@ -50,6 +50,10 @@ class LineReader:
     def feed(self, data: bytes) -> list[dict]:
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
+        if len(self._buffer) > 4 * MAX_MESSAGE:
+            # No newline in far more than any message: not our protocol; drop it rather
+            # than let the arbiter's memory grow.
+            self._buffer = b""
         messages = []
         for line in lines:
             if not line.strip():

@@ -19,6 +19,10 @@ from .errors import ConfigError
 
 CONFIG_ENV = "PGTASKD_CONFIG"
 DSN_ENV = "PGTASKD_DSN"
+# The supervisor hands each worker child the text of the config file as it read it for the
+# child's generation, so a child that restarts after the file was edited (or broken) but not
+# yet reloaded runs the same configuration as its siblings.
+CONFIG_SNAPSHOT_ENV = "PGTASKD_CONFIG_SNAPSHOT"
 
 DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_RENEW_INTERVAL = 10.0
@@ -127,6 +131,8 @@ class Config:
     health: HealthConfig = field(default_factory=HealthConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    source: str | None = field(default=None, compare=False, repr=False)
+    """The text of the config file this was parsed from (None for built-in defaults)."""
 
     @property
     def handled_types(self) -> frozenset[str]:
@@ -214,7 +220,7 @@ _TOP_KEYS = {"database", "lease", "poll_interval", "retry", "handlers", "pools",
 
 
 def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
-                 env: Mapping[str, str] | None = None) -> Config:
+                 env: Mapping[str, str] | None = None, source: str | None = None) -> Config:
     """Build a Config from a parsed YAML tree, or raise ConfigError listing every problem."""
     env = os.environ if env is None else env
     if tree is None:
@@ -233,9 +239,13 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     )
 
     lease_tree = v.section(tree, "lease", "", {"seconds", "renew_interval"})
+    seconds = v.number(lease_tree, "seconds", "lease", DEFAULT_LEASE_SECONDS)
+    # Unset, the renewal follows the lease: a third of it (10 s for the default 30 s), so
+    # that shortening only lease.seconds never trips the check below.
     lease = LeaseConfig(
-        seconds=v.number(lease_tree, "seconds", "lease", DEFAULT_LEASE_SECONDS),
-        renew_interval=v.number(lease_tree, "renew_interval", "lease", DEFAULT_RENEW_INTERVAL),
+        seconds=seconds,
+        renew_interval=v.number(lease_tree, "renew_interval", "lease",
+                                seconds * DEFAULT_RENEW_INTERVAL / DEFAULT_LEASE_SECONDS),
     )
     if lease.renew_interval >= lease.seconds:
         v.problem("lease.renew_interval",
@@ -288,6 +298,7 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
         metrics=MetricsConfig(listen=listen),
         max_payload_bytes=v.integer(tree, "max_payload_bytes", "", DEFAULT_MAX_PAYLOAD_BYTES,
                                     minimum=2),
+        source=source,
     )
     if v.problems:
         raise ConfigError(v.problems)
@@ -357,17 +368,22 @@ def resolve_config_path(explicit: str | os.PathLike | None,
 
 
 def load_config(explicit: str | os.PathLike | None = None,
-                env: Mapping[str, str] | None = None) -> Config:
-    """Load the config named by ``-c``, else ``$PGTASKD_CONFIG``, else the built-in defaults."""
+                env: Mapping[str, str] | None = None, *, text: str | None = None) -> Config:
+    """Load the config named by ``-c``, else ``$PGTASKD_CONFIG``, else the built-in defaults.
+
+    ``text``, if given, is the file's content as read earlier (a worker child gets the
+    supervisor's snapshot): it is parsed instead of the file, which may have changed since.
+    """
     path = resolve_config_path(explicit, env)
     if path is None:
         return parse_config({}, base_dir=Path.cwd(), env=env)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
+    if text is None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
     try:
         tree = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -376,6 +392,7 @@ def load_config(explicit: str | os.PathLike | None = None,
         reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{path}: invalid YAML{where}: {reason}") from None
     try:
-        return parse_config(tree, base_dir=path.resolve().parent, path=path.resolve(), env=env)
+        return parse_config(tree, base_dir=path.resolve().parent, path=path.resolve(), env=env,
+                            source=text)
     except ConfigError as exc:
         raise ConfigError([f"{path}: {p}" for p in exc.problems]) from None

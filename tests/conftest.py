@@ -32,6 +32,9 @@ TEMPLATE_DB = "pgtaskd_test_template"
 TEST_HANDLERS = TESTS_DIR / "handlers"
 
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+# The integration tests' shared helpers assert too; test modules import them before pytest
+# would otherwise get to rewrite them.
+pytest.register_assert_rewrite("worker_fixtures")
 
 
 def dsn_for(admin_dsn: str, dbname: str) -> str:
@@ -41,13 +44,16 @@ def dsn_for(admin_dsn: str, dbname: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def pg_admin_dsn(tmp_path_factory):
+def pg_admin_dsn():
     """DSN of a role that can create databases, on the server this run uses."""
     external = os.environ.get("PGTASKD_TEST_DSN")
     if external:
         yield external
         return
-    server = ThrowawayPostgres(tmp_path_factory.mktemp("pg"))
+    # Not under tmp_path_factory: every pytest session of this user resets pytest's temp root
+    # to mode 0700, which locks the unprivileged server user out of a data dir kept there and
+    # crashes this run's server whenever another run starts.
+    server = ThrowawayPostgres()
     server.init()
     server.start()
     try:

@@ -208,9 +208,12 @@ class Worker:
             # RUNNING until the lease expires.
             return self._fail(claim, task, TaskCancelled(task.cancel_reason or "stopped"),
                               False, fields)
+        if row is None or row["status"] != "CANCELLED":
+            # Nobody cancelled it: the lease passed to another worker, which runs it now.
+            return self._stale(claim, task, fields, "stopped")
         metrics.TASKS_CANCELLED.labels(self.pool_name, task.task_type).inc()
         emit("task_cancelled", reason=task.cancel_reason, stopped_by_handler=True, **fields)
-        return Outcome("cancelled", row["status"] if row else None)
+        return Outcome("cancelled", "CANCELLED")
 
     def _stale(self, claim, task, fields, result: str) -> Outcome:
         metrics.STALE_RESULTS.labels(self.pool_name, task.task_type).inc()

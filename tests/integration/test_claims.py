@@ -87,7 +87,8 @@ def test_claimers_racing_for_one_task_leave_exactly_one_winner(conn, db_dsn):
     for round_number in range(rounds):
         add_task(conn, f"r{round_number}", task_type=f"type{round_number}")
 
-    results = _race(db_dsn, rounds, lambda c, worker_id, r: claim(c, worker_id, types=(f"type{r}",)))
+    results = _race(db_dsn, rounds,
+                    lambda c, worker_id, r: claim(c, worker_id, types=(f"type{r}",)))
 
     for round_number in range(rounds):
         winners = [(w, row) for r, w, row in results if r == round_number and row is not None]

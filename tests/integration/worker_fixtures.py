@@ -2,7 +2,8 @@
 
 They live here rather than in a second conftest.py: neither tests/ nor tests/integration/ is a
 package, so a second conftest.py would take the module name ``conftest`` from tests/conftest.py
-and break ``from conftest import wait_until``. Test modules import the fixtures they use.
+and break ``from conftest import wait_until``. Test modules import the helpers and load the
+fixtures with ``pytest_plugins = ["worker_fixtures"]``.
 """
 
 from __future__ import annotations

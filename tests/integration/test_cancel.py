@@ -1,0 +1,133 @@
+"""Cancellation: final for a pending task, cooperative for a running one, void for a done one."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from conftest import make_config, wait_until
+from supervisor.config import RetryConfig
+from supervisor.db import store
+from supervisor.errors import TaskCancelled
+from worker_fixtures import add_task, run_until_idle, task_row
+
+pytest_plugins = ["worker_fixtures"]
+
+NO_DELAY = RetryConfig(base_delay=0.0, max_delay=0.0, jitter=0.0)
+LEASE = {"seconds": 1.5, "renew_interval": 0.3}
+
+
+def claim(conn, worker_id: str, types=("echo",)):
+    return store.claim_task(conn, worker_id=worker_id, task_types=types, lease_seconds=30)
+
+
+def assert_stays_cancelled(conn, task_id: str, worker) -> None:
+    """Nothing that runs after a cancel may bring the task back."""
+    store.reap_expired_leases(conn, batch_size=100, retry=NO_DELAY)
+    assert run_until_idle(worker) == []
+    stored = task_row(conn, task_id)
+    assert stored["status"] == "CANCELLED"
+    assert stored["claimed_by"] is None and stored["lease_until"] is None
+
+
+def test_cancelling_a_pending_task_keeps_it_from_running(conn, make_worker):
+    worker = make_worker()
+    add_task(conn, "t1")
+    assert store.cancel_task(conn, "t1") is True
+    stored = task_row(conn, "t1")
+    assert stored["status"] == "CANCELLED"
+    assert stored["finished_at"] is not None
+    assert_stays_cancelled(conn, "t1", worker)
+    assert task_row(conn, "t1")["attempts"] == 0
+
+
+def test_a_cooperative_handler_stops_within_one_renew_interval_of_a_cancel(conn, db_dsn,
+                                                                          make_worker, events):
+    config = make_config(db_dsn, lease=LEASE)
+    worker = make_worker(config, types=["cooperative"])
+    cooperative = worker.handlers["cooperative"]
+    stopped_at = []
+
+    def watched(task):
+        try:
+            cooperative(task)
+        except TaskCancelled:
+            stopped_at.append(time.monotonic())
+            raise
+
+    worker.handlers["cooperative"] = watched
+    add_task(conn, "t1", task_type="cooperative", payload={"max_seconds": 20})
+    outcome = []
+    runner = threading.Thread(target=lambda: outcome.append(worker.run_once()))
+    runner.start()
+    wait_until(lambda: task_row(conn, "t1")["status"] == "RUNNING", message="the claim")
+
+    cancelled_at = time.monotonic()
+    assert store.cancel_task(conn, "t1") is True
+    runner.join(10)
+
+    assert not runner.is_alive()
+    assert stopped_at, "the handler never saw the cancel"
+    # One renew interval, plus a renewal round trip and the handler's own 20 ms check.
+    assert stopped_at[0] - cancelled_at < LEASE["renew_interval"] + 0.2
+    assert outcome[0].name == "cancelled"
+    assert events.of("task_cancelled")
+    assert_stays_cancelled(conn, "t1", worker)
+
+
+def test_cancelling_a_task_whose_handler_ignores_it_discards_the_result(conn, db_dsn,
+                                                                        make_worker, events):
+    config = make_config(db_dsn, lease=LEASE)
+    worker = make_worker(config, types=["sleep"])
+    add_task(conn, "t1", task_type="sleep", payload={"seconds": 0.8})
+    outcome = []
+    runner = threading.Thread(target=lambda: outcome.append(worker.run_once()))
+    runner.start()
+    wait_until(lambda: task_row(conn, "t1")["status"] == "RUNNING", message="the claim")
+
+    assert store.cancel_task(conn, "t1") is True
+    runner.join(10)
+
+    # The handler ran to its end, yet the cancel stands: only the success write is refused.
+    assert outcome[0].name == "stale"
+    assert [e["result"] for e in events.of("stale_result_discarded")] == ["completed"]
+    assert_stays_cancelled(conn, "t1", worker)
+
+
+def test_no_write_of_the_cancelled_claim_makes_the_task_pending_again(conn, make_worker):
+    worker = make_worker(types=["echo"])
+    add_task(conn, "t1")
+    row = claim(conn, "worker-a")
+    old = store.Claim("t1", "worker-a", row["lease_token"])
+    assert store.cancel_task(conn, "t1") is True
+
+    assert store.fail_attempt(conn, old, error="x", permanent=False, retry=NO_DELAY) is None
+    assert store.release_task(conn, "t1", old.token) is False
+    assert store.rescue_task(conn, "t1", old.token, error="x", retry=NO_DELAY) is None
+    assert store.renew_lease(conn, old, lease_seconds=30) is False
+    assert store.complete_task(conn, old) is False
+    assert_stays_cancelled(conn, "t1", worker)
+
+
+@pytest.mark.parametrize("final_status", ["COMPLETED", "FAILED", "CANCELLED"])
+def test_cancelling_a_finished_task_changes_nothing(conn, final_status):
+    add_task(conn, "t1")
+    row = claim(conn, "worker-a")
+    mine = store.Claim("t1", "worker-a", row["lease_token"])
+    if final_status == "COMPLETED":
+        assert store.complete_task(conn, mine)
+    elif final_status == "FAILED":
+        assert store.fail_attempt(conn, mine, error="x", permanent=True, retry=NO_DELAY)
+    else:
+        assert store.cancel_task(conn, "t1")
+    before = task_row(conn, "t1")
+    assert before["status"] == final_status
+
+    assert store.cancel_task(conn, "t1") is False
+    assert task_row(conn, "t1") == before
+
+
+def test_cancelling_an_unknown_task_reports_false(conn):
+    assert store.cancel_task(conn, "no-such-task") is False

@@ -1,0 +1,178 @@
+"""Config loading and validation: every problem reported at once, each naming its key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import (DEFAULT_LEASE_SECONDS, DEFAULT_RENEW_INTERVAL, DSN_ENV,
+                               load_config, parse_config)
+from supervisor.errors import ConfigError
+
+HANDLERS = {"path": "handlers", "types": {"echo": "basic:echo", "record": "basic:record"}}
+
+
+def parse(tree, base_dir: Path = Path("/srv/pgtaskd"), env=None):
+    return parse_config(tree, base_dir=base_dir, env=env or {})
+
+
+def problems_of(tree, **kwargs) -> list[str]:
+    with pytest.raises(ConfigError) as raised:
+        parse(tree, **kwargs)
+    return raised.value.problems
+
+
+def problem_for(problems: list[str], key_path: str) -> str:
+    found = [p for p in problems if p.startswith(f"{key_path}:")]
+    assert len(found) == 1, f"expected one problem for {key_path}, got {problems}"
+    return found[0]
+
+
+def test_an_empty_config_gives_the_defaults():
+    config = parse({})
+    assert config.lease.seconds == DEFAULT_LEASE_SECONDS
+    assert config.lease.renew_interval == DEFAULT_RENEW_INTERVAL
+    assert config.database.dsn is None
+    assert config.handlers.types == {}
+    assert [(p.name, p.processes) for p in config.pools] == [("default", 1)]
+
+
+def test_a_full_config_is_read_as_written():
+    config = parse({
+        "database": {"dsn": "postgresql://db/tasks", "connect_timeout": 2},
+        "lease": {"seconds": 12, "renew_interval": 4},
+        "poll_interval": 0.25,
+        "retry": {"base_delay": 1, "max_delay": 60, "jitter": 0.2},
+        "handlers": HANDLERS,
+        "pools": {"fast": {"processes": 4, "task_types": ["echo"]}, "slow": {"processes": 0}},
+        "reaper": {"interval": 3, "batch_size": 50},
+        "metrics": {"listen": ""},
+    })
+    assert config.database.dsn == "postgresql://db/tasks"
+    assert (config.lease.seconds, config.lease.renew_interval) == (12.0, 4.0)
+    assert (config.retry.base_delay, config.retry.max_delay, config.retry.jitter) == (1, 60, 0.2)
+    assert [(p.name, p.processes, p.task_types) for p in config.pools] == [
+        ("fast", 4, ("echo",)), ("slow", 0, ("echo", "record"))]
+    assert config.reaper.batch_size == 50
+    assert config.metrics.address is None
+
+
+@pytest.mark.parametrize("tree, key_path", [
+    ({"bogus": 1}, "bogus"),
+    ({"lease": {"seconds": 30, "renew_interval": 10, "extra": 1}}, "lease.extra"),
+    ({"database": {"host": "x"}}, "database.host"),
+    ({"pools": {"default": {"processes": 1, "threads": 4}}}, "pools.default.threads"),
+])
+def test_an_unknown_key_is_named_by_its_path(tree, key_path):
+    assert "unknown key" in problem_for(problems_of(tree), key_path)
+
+
+@pytest.mark.parametrize("tree, key_path", [
+    ({"lease": {"seconds": "thirty"}}, "lease.seconds"),
+    ({"lease": {"seconds": True}}, "lease.seconds"),
+    ({"lease": "long"}, "lease"),
+    ({"poll_interval": [1]}, "poll_interval"),
+    ({"retry": {"jitter": "lots"}}, "retry.jitter"),
+    ({"pools": {"default": {"processes": "two"}}}, "pools.default.processes"),
+    ({"pools": {"default": {"processes": 1.5}}}, "pools.default.processes"),
+    ({"pools": {"default": {"processes": -1}}}, "pools.default.processes"),
+    ({"pools": {"default": {"task_types": "echo"}}}, "pools.default.task_types"),
+    ({"pools": {"default": {"task_types": ["nope"]}}, "handlers": HANDLERS},
+     "pools.default.task_types"),
+    ({"handlers": {"types": {"x": 42}}}, "handlers.types.x"),
+    ({"handlers": {"types": {"x": "no-colon"}}}, "handlers.types.x"),
+    ({"handlers": {"path": 7}}, "handlers.path"),
+    ({"reaper": {"batch_size": 0}}, "reaper.batch_size"),
+    ({"metrics": {"listen": "nowhere"}}, "metrics.listen"),
+    ({"database": {"dsn": 5}}, "database.dsn"),
+])
+def test_a_wrong_value_is_named_by_its_path(tree, key_path):
+    problem_for(problems_of(tree), key_path)
+
+
+def test_every_problem_is_reported_at_once():
+    problems = problems_of({"lease": {"seconds": "x"}, "bogus": 1,
+                            "pools": {"default": {"processes": "two"}}})
+    for key_path in ("lease.seconds", "bogus", "pools.default.processes"):
+        problem_for(problems, key_path)
+
+
+@pytest.mark.parametrize("renew_interval", [30, 45])
+def test_a_renew_interval_not_below_the_lease_is_rejected(renew_interval):
+    problem = problem_for(problems_of({"lease": {"seconds": 30, "renew_interval": renew_interval}}),
+                          "lease.renew_interval")
+    assert "shorter than lease.seconds" in problem
+
+
+@pytest.mark.parametrize("seconds", [0, -5])
+def test_a_lease_must_last_some_time(seconds):
+    problem_for(problems_of({"lease": {"seconds": seconds, "renew_interval": 0.1}}),
+                "lease.seconds")
+
+
+def test_retry_bounds_are_checked():
+    problems = problems_of({"retry": {"base_delay": 10, "max_delay": 5, "jitter": 2}})
+    problem_for(problems, "retry.max_delay")
+    problem_for(problems, "retry.jitter")
+
+
+def test_relative_paths_resolve_against_the_config_files_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "etc" / "pgtaskd"
+    folder.mkdir(parents=True)
+    config_file = folder / "pgtaskd.yaml"
+    config_file.write_text("handlers:\n  path: ../handlers\n  types: {echo: 'basic:echo'}\n"
+                           "database:\n  data_dir: pgdata\n")
+    elsewhere = tmp_path / "somewhere" / "else"
+    elsewhere.mkdir(parents=True)
+    monkeypatch.chdir(elsewhere)
+
+    config = load_config(config_file, env={})
+
+    assert config.handlers.path == (tmp_path / "etc" / "handlers").resolve()
+    assert config.database.data_dir == (folder / "pgdata").resolve()
+    assert config.path == config_file.resolve()
+
+
+def test_an_absolute_path_is_kept(tmp_path):
+    config = parse({"handlers": {"path": str(tmp_path / "h")}}, base_dir=Path("/elsewhere"))
+    assert config.handlers.path == tmp_path / "h"
+
+
+def test_the_dsn_from_the_environment_overrides_the_config(tmp_path):
+    config_file = tmp_path / "pgtaskd.yaml"
+    config_file.write_text("database:\n  dsn: postgresql://from-file/db\n")
+    assert load_config(config_file, env={}).database.dsn == "postgresql://from-file/db"
+    overridden = load_config(config_file, env={DSN_ENV: "postgresql://from-env/db"})
+    assert overridden.database.dsn == "postgresql://from-env/db"
+
+
+def test_the_config_file_can_come_from_the_environment(tmp_path):
+    config_file = tmp_path / "pgtaskd.yaml"
+    config_file.write_text("poll_interval: 2\n")
+    assert load_config(None, env={"PGTASKD_CONFIG": str(config_file)}).poll_interval == 2.0
+
+
+def test_problems_in_a_file_are_prefixed_with_its_name(tmp_path):
+    config_file = tmp_path / "pgtaskd.yaml"
+    config_file.write_text("lease:\n  seconds: soon\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(config_file, env={})
+    assert raised.value.problems == [
+        f"{config_file}: lease.seconds: must be a number of seconds, got string 'soon'"]
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    config_file = tmp_path / "pgtaskd.yaml"
+    config_file.write_text("lease:\n  seconds: 5\n bad: [\n")
+    with pytest.raises(ConfigError, match=r"invalid YAML at line \d+"):
+        load_config(config_file, env={})
+
+
+def test_a_missing_config_file_is_reported(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "absent.yaml", env={})
+
+
+def test_a_top_level_that_is_not_a_mapping_is_rejected():
+    assert "(top level)" in problems_of(["a", "list"])[0]
