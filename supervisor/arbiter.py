@@ -31,7 +31,7 @@ import psycopg
 
 from . import proctitle, systemd
 from .channel import LineReader
-from .config import DSN_ENV, Config, load_config
+from .config import CONFIG_SNAPSHOT_ENV, DSN_ENV, Config, load_config
 from .db import store
 from .db.connect import LazyConnection, redact_dsn
 from .db.migrate import migrate
@@ -368,11 +368,21 @@ class Arbiter:
             command += ["-c", str(self.config.path)]
         return command
 
-    def child_env(self) -> dict[str, str]:
+    def child_env(self, config: Config) -> dict[str, str]:
         env = systemd.child_environment(dict(os.environ))
         env[DSN_ENV] = self.dsn
         env["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
+        # The config text this generation was loaded from: a child restarted after the file
+        # was edited (or broken) without a reload must not pick up the file as it is now.
+        env.pop(CONFIG_SNAPSHOT_ENV, None)
+        if config.source is not None:
+            env[CONFIG_SNAPSHOT_ENV] = config.source
         return env
+
+    def generation_config(self, generation: int) -> Config:
+        if self.reload is not None and generation == self.reload.generation:
+            return self.reload.config
+        return self.config
 
     def spawn_worker(self, pool: str, slot: int, generation: int) -> Child | None:
         read_fd, write_fd = os.pipe()
@@ -380,7 +390,8 @@ class Arbiter:
         try:
             process = subprocess.Popen(
                 self.child_command(pool, slot, write_fd), pass_fds=(write_fd,),
-                env=self.child_env(), stdin=subprocess.DEVNULL, close_fds=True)
+                env=self.child_env(self.generation_config(generation)),
+                stdin=subprocess.DEVNULL, close_fds=True)
         except OSError as exc:
             os.close(read_fd)
             os.close(write_fd)

@@ -17,7 +17,7 @@ import threading
 
 from .. import proctitle
 from ..channel import ChildChannel
-from ..config import DSN_ENV, load_config
+from ..config import CONFIG_SNAPSHOT_ENV, DSN_ENV, load_config
 from ..db.connect import connect
 from ..errors import EXIT_BOOT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, OperationalError
 from ..logs import emit, setup_logging
@@ -113,7 +113,9 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     proctitle.worker_title(args.pool, args.slot, "booting")
     try:
-        config = load_config(args.config)
+        # The supervisor's snapshot of the file for this child's generation, not the file as it
+        # is now: it may have been edited or broken since, without a reload.
+        config = load_config(args.config, text=os.environ.get(CONFIG_SNAPSHOT_ENV))
     except ConfigError as exc:
         for problem in exc.problems:
             emit("worker_boot_failed", error=problem)

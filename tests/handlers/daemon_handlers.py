@@ -1,0 +1,36 @@
+"""Handlers for the system tests (tests/system): real faults inside real worker children.
+
+Each records its run in ``test_runs`` (created by tests/conftest.py in every test database)
+before doing anything else, so a test can count the runs and see which process made them.
+"""
+
+import os
+import signal
+import time
+
+
+def _record(task):
+    with task.connection() as conn:
+        conn.execute("INSERT INTO test_runs (task_id, worker_id, retry_count, pid) "
+                     "VALUES (%s, %s, %s, %s)",
+                     (task.id, task.worker_id, task.retry_count, os.getpid()))
+
+
+def suicide(task):
+    """Kill this worker child with SIGKILL, every time (like the OOM killer would)."""
+    _record(task)
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)  # never reached: SIGKILL cannot be caught
+
+
+def slow_once(task):
+    """The first attempt sleeps ``payload.seconds`` (default 60); later attempts return at once."""
+    _record(task)
+    if task.attempts <= 1:
+        time.sleep(float(task.payload.get("seconds", 60)))
+
+
+def slow(task):
+    """Every attempt sleeps ``payload.seconds`` (default 60); ignores SIGTERM like busy code."""
+    _record(task)
+    time.sleep(float(task.payload.get("seconds", 60)))

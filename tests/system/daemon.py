@@ -1,0 +1,344 @@
+"""A real pgtaskd daemon for the system tests: a subprocess, its JSON log, its children.
+
+``Daemon`` writes a YAML config into a test's tmp_path, starts ``python -m supervisor.cli run``
+in a new session (so the whole process tree shares one process group), sends stderr to a
+file, parses the JSON log lines as they come, waits for events with deadlines, sends real
+signals, and at teardown kills the whole tree: the process group, plus every child pid the
+log ever announced (worker_spawned) and every process whose parent is the supervisor.
+
+Nothing here is mocked: real processes, real signals, real PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+REPO_DIR = TESTS_DIR.parent
+TEST_HANDLERS = TESTS_DIR / "handlers"
+
+# Every handler the system tests use, on the import path tests/handlers. A type whose module
+# cannot be imported (broken_import) is never here: every child of a pool that runs every
+# type would fail to boot. Tests that want it add it with their own pools.
+HANDLER_TYPES = {
+    "echo": "basic:echo",
+    "record": "basic:record",
+    "fail": "basic:fail",
+    "sleep": "basic:sleep",
+    "suicide": "daemon_handlers:suicide",
+    "slow_once": "daemon_handlers:slow_once",
+    "slow": "daemon_handlers:slow",
+    "permanent": "basic:permanent",
+}
+
+
+def base_tree() -> dict:
+    """A fast config: short polls and maintenance intervals, immediate retries."""
+    return {
+        "database": {"connect_timeout": 2},
+        "lease": {"seconds": 30, "renew_interval": 10},
+        "poll_interval": 0.05,
+        "retry": {"base_delay": 0, "max_delay": 0, "jitter": 0},
+        "handlers": {"path": str(TEST_HANDLERS), "types": dict(HANDLER_TYPES)},
+        "pools": {"default": {"processes": 2}},
+        "shutdown_timeout": 3,
+        "reaper": {"interval": 0.5},
+        "health": {"interval": 0.5},
+        "metrics": {"listen": ""},
+    }
+
+
+def merge_tree(base: dict, overrides: dict) -> dict:
+    """Overrides win; a mapping section is merged one level deep, except ``pools``, which is
+    replaced whole (a test that names its pools wants exactly those)."""
+    tree = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for key, value in overrides.items():
+        if key != "pools" and isinstance(value, dict) and isinstance(tree.get(key), dict):
+            tree[key] = {**tree[key], **value}
+        else:
+            tree[key] = value
+    return tree
+
+
+def parse_ts(ts: str) -> float:
+    """Wall-clock seconds of a log line's ``ts`` (UTC, millisecond resolution)."""
+    stamp = dt.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ")
+    return stamp.replace(tzinfo=dt.timezone.utc).timestamp()
+
+
+def proc_stat(pid: int) -> dict | None:
+    """ppid, pgid and state of a live process from /proc, or None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) is in parentheses and may contain spaces or parentheses.
+    fields = raw[raw.rfind(")") + 2:].split()
+    return {"state": fields[0], "ppid": int(fields[1]), "pgid": int(fields[2])}
+
+
+def cmdline(pid: int) -> str:
+    """The process title as ``ps`` shows it (setproctitle rewrites /proc/<pid>/cmdline)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def pid_alive(pid: int) -> bool:
+    stat = proc_stat(pid)
+    return stat is not None and stat["state"] != "Z"
+
+
+class DaemonExited(AssertionError):
+    pass
+
+
+class Daemon:
+    def __init__(self, base_dir: Path, dsn: str, *, name: str = "daemon", **overrides: Any):
+        self.name = name
+        self.dir = Path(base_dir) / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config_path = self.dir / "pgtaskd.yaml"
+        self.log_path = self.dir / "stderr.log"
+        self.dsn = dsn
+        self.tree = merge_tree(base_tree(), overrides)
+        self.process: subprocess.Popen | None = None
+        self.events: list[dict] = []
+        self.other_lines: list[str] = []  # anything on stderr that is not a JSON log line
+        self.child_pids: set[int] = set()  # every child the log announced
+        self._offset = 0
+        self._partial = b""
+        self._log_file = None
+        self.started_wall: float | None = None
+
+    # -- config -----------------------------------------------------------------------------
+
+    def write_config(self, tree: dict | None = None) -> None:
+        if tree is not None:
+            self.tree = tree
+        text = yaml.safe_dump(self.tree, sort_keys=False)
+        self._replace(text)
+
+    def write_raw_config(self, text: str) -> None:
+        self._replace(text)
+
+    def _replace(self, text: str) -> None:
+        # Write then rename: a SIGHUP never reads a half-written file.
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self.config_path)
+
+    @property
+    def metrics_port(self) -> int | None:
+        listen = self.tree.get("metrics", {}).get("listen") or ""
+        return int(listen.rpartition(":")[2]) if listen else None
+
+    # -- process ----------------------------------------------------------------------------
+
+    def start(self, *, wait_ready: bool = True, timeout: float = 30.0) -> "Daemon":
+        assert self.process is None, "started twice"
+        self.write_config()
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PGTASKD_CONFIG", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID",
+                            "RUNTIME_DIRECTORY", "PROMETHEUS_MULTIPROC_DIR")}
+        env["PGTASKD_DSN"] = self.dsn
+        # Edited handler code must never come from a stale .pyc written by an earlier child.
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self._log_file = open(self.log_path, "ab")
+        self.started_wall = time.time()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.cli", "run", "-c", str(self.config_path)],
+            stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=self._log_file,
+            env=env, cwd=str(self.dir), start_new_session=True)
+        if wait_ready:
+            self.wait_for("supervisor_ready", timeout=timeout)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
+
+    def send(self, signum: int) -> None:
+        """A real signal to the supervisor process (only: never to the group)."""
+        os.kill(self.pid, signum)
+
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def wait_exit(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name}: still running {timeout} s later\n"
+                                 + self.log_tail()) from None
+        finally:
+            self.refresh()
+
+    def children(self) -> list[int]:
+        """Live (non-zombie) processes whose parent is the supervisor, from /proc."""
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            stat = proc_stat(int(entry))
+            if stat and stat["ppid"] == self.pid and stat["state"] != "Z":
+                pids.append(int(entry))
+        return sorted(pids)
+
+    def kill(self) -> None:
+        """Teardown: SIGKILL the whole tree, whatever state it is in, and reap the parent."""
+        if self.process is None:
+            return
+        self.refresh()
+        try:
+            candidates = set(self.child_pids) | set(self.children())
+        except Exception:
+            candidates = set(self.child_pids)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in candidates:
+            # A child could have left the group; kill it by pid if it is still one of ours.
+            title = cmdline(pid)
+            if pid_alive(pid) and ("pgtaskd" in title or "supervisor.worker" in title):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    # -- the log ----------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Read what the daemon and its children wrote since last time."""
+        try:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return
+        self._offset += len(data)
+        data = self._partial + data
+        *lines, self._partial = data.split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            try:
+                event = json.loads(line)
+            except ValueError:
+                if line.strip():
+                    self.other_lines.append(line)
+                continue
+            if not isinstance(event, dict) or "event" not in event:
+                self.other_lines.append(line)
+                continue
+            self.events.append(event)
+            if event["event"] == "worker_spawned":
+                self.child_pids.add(event["child_pid"])
+
+    def mark(self) -> int:
+        """A position in the event list; pass it as ``since`` to see only later events."""
+        self.refresh()
+        return len(self.events)
+
+    def find(self, event: str, since: int = 0, **fields: Any) -> list[dict]:
+        self.refresh()
+        return [e for e in self.events[since:] if e["event"] == event and _matches(e, fields)]
+
+    def wait_for(self, event: str, *, timeout: float = 20.0, since: int = 0, count: int = 1,
+                 **fields: Any) -> dict:
+        """Wait until ``count`` matching events were logged after ``since``; the last one.
+
+        Fails at once (with the log) if the supervisor exits before that."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.find(event, since, **fields)
+            if len(found) >= count:
+                return found[count - 1]
+            if self.returncode() is not None:
+                found = self.find(event, since, **fields)  # a last read after the exit
+                if len(found) >= count:
+                    return found[count - 1]
+                raise DaemonExited(f"{self.name} exited (code {self.returncode()}) before "
+                                   f"{count}x {event} {fields}\n{self.log_tail()}")
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{self.name}: no {count}x {event} {fields} within "
+                                     f"{timeout} s\n{self.log_tail()}")
+            time.sleep(0.02)
+
+    def log_tail(self, lines: int = 80) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return "(no log)"
+        return f"--- last {lines} lines of {self.log_path} ---\n" + "\n".join(text[-lines:])
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    def http_get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+        port = self.metrics_port
+        assert port, "metrics.listen is off in this daemon's config"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}",
+                                        timeout=timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def healthz(self) -> tuple[int, dict]:
+        code, body = self.http_get("/healthz")
+        return code, json.loads(body)
+
+    def metrics(self) -> dict[str, list[tuple[dict, float]]]:
+        """Samples of /metrics: sample name -> [(labels, value), ...]."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        code, body = self.http_get("/metrics")
+        assert code == 200, f"/metrics answered {code}: {body[:300]!r}"
+        samples: dict[str, list[tuple[dict, float]]] = {}
+        for family in text_string_to_metric_families(body.decode()):
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+        return samples
+
+
+def metric_sum(samples: dict, name: str, **labels: str) -> float:
+    """The sum of one sample name over every label set matching ``labels``."""
+    return sum(value for sample_labels, value in samples.get(name, [])
+               if all(sample_labels.get(k) == v for k, v in labels.items()))
+
+
+def _matches(event: dict, fields: dict) -> bool:
+    for key, expected in fields.items():
+        if key not in event:
+            return False
+        value = event[key]
+        if callable(expected):
+            if not expected(value):
+                return False
+        elif value != expected:
+            return False
+    return True
