@@ -262,10 +262,21 @@ class Arbiter:
                 self.murder_stuck()
             self.notify_systemd()
 
+    def next_deadline(self) -> float:
+        """Seconds until the loop has something timed to do: a slot's restart, a stopping
+        child's SIGKILL, a rescue retry. Never longer than LOOP_TICK."""
+        now = time.monotonic()
+        due = [now + LOOP_TICK]
+        due += [slot.next_start for slot in self.slots.values() if slot.next_start > now]
+        due += [c.kill_at for c in self.children.values() if c.kill_at and not c.killed_by_us]
+        if self.pending_rescues:
+            due.append(self.next_rescue_at)
+        return max(0.0, min(due) - now)
+
     def wait_for_events(self) -> None:
         fds = [self._wake_r] + [c.read_fd for c in self.children.values() if c.read_fd >= 0]
         try:
-            readable, _, _ = select.select(fds, [], [], LOOP_TICK)
+            readable, _, _ = select.select(fds, [], [], self.next_deadline())
         except InterruptedError:
             return
         for fd in readable:
@@ -493,7 +504,7 @@ class Arbiter:
 
         multiprocess.mark_process_dead(child.pid, self.metrics_dir)
         lived = time.monotonic() - child.started
-        how = describe_exit(code)
+        how = describe_exit(code, sent_by_us=child.killed_by_us)
         expected = child.stopping is not None and code == 0
         level = logging.INFO if expected else logging.ERROR
         emit("worker_exited", level, pool=child.pool, slot=child.slot, child_pid=child.pid,
@@ -734,13 +745,15 @@ class Arbiter:
             self._db.close()
 
 
-def describe_exit(code: int) -> str:
+def describe_exit(code: int, *, sent_by_us: bool = False) -> str:
     if code >= 0:
         return f"exit code {code}"
     try:
         name = signal.Signals(-code).name
     except ValueError:
         name = f"signal {-code}"
+    if sent_by_us:
+        return f"{name} (sent by the supervisor)"
     if -code == signal.SIGKILL:
         return f"{name} (possibly the OOM killer)"
     return name
