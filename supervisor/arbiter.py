@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import psycopg
 

@@ -1,26 +1,67 @@
 """The ``pgtaskd`` command line.
 
-Every command takes ``-c/--config`` (or ``$PGTASKD_CONFIG``). Errors are one line on stderr
-and an exit code: 2 for bad input (arguments, config, payload), 1 for operational failures
-(database unreachable, task missing). No traceback reaches an operator.
+Every command takes ``-c/--config`` (or ``$PGTASKD_CONFIG``); all but ``run`` and ``worker``
+take ``--json`` for scripts. Errors are one line on stderr and an exit code: 2 for bad input
+(arguments, config, payload), 1 for operational failures (database unreachable, task
+missing, a task in the wrong status). No traceback reaches an operator.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
 import sys
 import textwrap
+from datetime import datetime
 
 from .config import load_config
-from .errors import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError, OperationalError,
-                     UsageError)
+from .errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError
 
 EPILOG = textwrap.dedent("""\
     examples:
-      pgtaskd run -c etc/pgtaskd.yaml            run the daemon
-      pgtaskd migrate -c etc/pgtaskd.yaml        create or upgrade the schema
-      pgtaskd check-config -c etc/pgtaskd.yaml   validate the config and the handlers
+      pgtaskd run -c etc/pgtaskd.yaml                    run the daemon
+      pgtaskd migrate -c etc/pgtaskd.yaml                create or upgrade the schema
+      pgtaskd check-config -c etc/pgtaskd.yaml           validate the config and the handlers
+      pgtaskd submit echo --payload '{"text": "hi"}'     enqueue a task, print its id
+      pgtaskd list --status FAILED                       the failed tasks, newest first
+      pgtaskd show 0b9c4f0e-2d4e-4d6a-9a51-3f1c2d7e8a10  every field of one task
+      pgtaskd cancel ID...                               cancel pending or running tasks
+      pgtaskd retry ID...                                run failed or cancelled tasks again
+      pgtaskd stats --json                               queue counts, for scripts
+
+    Every command takes -c FILE (default: $PGTASKD_CONFIG) and --json. The database is
+    database.dsn from the config, or $PGTASKD_DSN, or else the embedded PostgreSQL.
+    Exit status: 0 done, 1 operational failure (database unreachable, no such task, a
+    task in the wrong status), 2 bad input (arguments, config, payload).
     """)
+
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)")
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``30s``, ``5m``, ``2h``, ``1d`` or plain ``90`` (an argparse type)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"cannot read {text!r} as a duration (like 30s, 5m, 2h, 1d, or seconds)")
+    return float(match[1]) * _DURATION_UNITS[match[2]]
+
+
+def parse_timestamp(text: str) -> datetime:
+    """An ISO-8601 timestamp that names its time zone (an argparse type)."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"cannot read {text!r} as an ISO-8601 timestamp "
+            f"(like 2026-01-31T09:00:00+01:00 or 2026-01-31T08:00:00Z)") from None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no time zone: add an offset, like Z or +01:00")
+    return moment
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,6 +74,22 @@ class _Parser(argparse.ArgumentParser):
 def _add_config(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-c", "--config", metavar="FILE",
                         help="YAML config file (default: $PGTASKD_CONFIG, else built-in defaults)")
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print JSON for scripts instead of text (timestamps in ISO-8601, UTC)")
+
+
+def _command(commands, name: str, summary: str, description: str, examples: str):
+    description = "\n\n".join(textwrap.fill(paragraph, 79)
+                              for paragraph in description.split("\n\n"))
+    parser = commands.add_parser(name, help=summary, description=description,
+                                 epilog="examples:\n" + textwrap.indent(examples, "  "),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_config(parser)
+    _add_json(parser)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,27 +117,117 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--pool", default=None, help="which pool's task types to run "
                                                     "(default: the first pool)")
 
-    migrate = commands.add_parser(
-        "migrate", help="create or upgrade the database schema",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Apply pending schema migrations. Idempotent, and safe when several "
-                    "daemons run it at once.",
-        epilog="example:\n  pgtaskd migrate -c etc/pgtaskd.yaml")
-    _add_config(migrate)
+    _command(
+        commands, "migrate", "create or upgrade the database schema",
+        "Apply pending schema migrations. Idempotent, and safe when several daemons run it "
+        "at once.",
+        "pgtaskd migrate -c etc/pgtaskd.yaml\n"
+        "PGTASKD_DSN=postgresql://pgtaskd@db/pgtaskd pgtaskd migrate --json")
 
-    check = commands.add_parser(
-        "check-config", help="validate the config and import every handler",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Validate the YAML and import every handler in a subprocess. Prints one "
-                    "line per problem; exits 0 when all is well, 2 otherwise.",
-        epilog="example:\n  pgtaskd check-config -c etc/pgtaskd.yaml")
-    _add_config(check)
+    _command(
+        commands, "check-config", "validate the config and import every handler",
+        "Validate the YAML and import every handler in a subprocess. Prints one line per "
+        "problem; exits 0 when all is well, 2 otherwise.",
+        "pgtaskd check-config -c etc/pgtaskd.yaml")
+
+    _add_task_commands(commands)
     return parser
 
 
+def _add_task_commands(commands) -> None:
+    submit = _command(
+        commands, "submit", "enqueue a task and print its id",
+        "Enqueue one task. Prints its id (a new UUID unless --id is given).\n\n"
+        "Submitting an --id that exists already writes nothing: the id is printed, a note on "
+        "stderr names the existing task's status, the exit status is 0, and --json says "
+        '"created": false. So a script may retry a submit safely, as long as it gives --id.\n\n'
+        "A task type that no handler in the config runs is accepted with a warning: a daemon "
+        "with another config may run it.",
+        "pgtaskd submit echo --payload '{\"text\": \"hello\"}'\n"
+        "pgtaskd submit report --payload-file report.json --in 2h --priority 5\n"
+        "pgtaskd submit charge --id charge-order-42 --at 2026-01-31T09:00:00+01:00 --json\n"
+        "jq -n '{rows: 500}' | pgtaskd submit import --payload-file -")
+    submit.add_argument("task_type", metavar="TYPE",
+                        help="the task type: a key under handlers.types of the daemon's config")
+    body = submit.add_mutually_exclusive_group()
+    body.add_argument("--payload", metavar="JSON",
+                      help="the payload, a JSON object (default: {}); at most max_payload_bytes "
+                           "(1 MiB unless the config says otherwise)")
+    body.add_argument("--payload-file", metavar="FILE",
+                      help="read the payload JSON object from FILE ('-' for stdin)")
+    submit.add_argument("--priority", type=int, default=0, metavar="N",
+                        help="higher runs first among due tasks (default: 0; may be negative)")
+    when = submit.add_mutually_exclusive_group()
+    when.add_argument("--at", type=parse_timestamp, metavar="ISO-8601",
+                      help="run no earlier than this time, which must name its time zone "
+                           "(like 2026-01-31T09:00:00Z); default: now")
+    when.add_argument("--in", dest="delay", type=parse_duration, metavar="DURATION",
+                      help="run after this delay from now: 30s, 5m, 2h, 1d, or plain seconds")
+    submit.add_argument("--id", metavar="ID",
+                        help="the task id (default: a new UUID); an existing id submits nothing")
+    submit.add_argument("--name", metavar="NAME",
+                        help="a label for people (default: the task type)")
+    submit.add_argument("--max-retries", type=int, default=3, metavar="N",
+                        help="retries after the first run fails (default: 3, so 4 runs at most)")
+
+    cancel = _command(
+        commands, "cancel", "cancel pending or running tasks",
+        "Cancel tasks: PENDING or RUNNING become CANCELLED (a running handler learns it at "
+        "its next lease renewal). A finished task is refused, naming its status. All or "
+        "nothing: if any ID cannot be cancelled, none is.",
+        "pgtaskd cancel 0b9c4f0e-2d4e-4d6a-9a51-3f1c2d7e8a10\n"
+        "pgtaskd cancel charge-order-42 charge-order-43 --json")
+    cancel.add_argument("ids", nargs="+", metavar="ID", help="ids of the tasks to cancel")
+
+    retry = _command(
+        commands, "retry", "run failed or cancelled tasks again",
+        "Put FAILED or CANCELLED tasks back to PENDING, due now, with retry_count reset to 0 "
+        "and the last error cleared. Any other status is refused. All or nothing: if any ID "
+        "cannot be retried, none is.",
+        "pgtaskd retry 0b9c4f0e-2d4e-4d6a-9a51-3f1c2d7e8a10\n"
+        "pgtaskd retry $(pgtaskd list --status FAILED --type charge --json | jq -r '.[].id')")
+    retry.add_argument("ids", nargs="+", metavar="ID", help="ids of the tasks to retry")
+
+    show = _command(
+        commands, "show", "print every field of one task",
+        "Print every column of one task, the payload as indented JSON.",
+        "pgtaskd show 0b9c4f0e-2d4e-4d6a-9a51-3f1c2d7e8a10\n"
+        "pgtaskd show charge-order-42 --json | jq .error_message")
+    show.add_argument("id", metavar="ID", help="the task id")
+
+    listing = _command(
+        commands, "list", "list tasks as a table, most recently updated first",
+        "List tasks, most recently updated first: id, type, status, priority, retries "
+        "(retry_count/max_retries), scheduled time and last update, in UTC. --json prints an "
+        "array with every field of each task.",
+        "pgtaskd list\npgtaskd list --status FAILED --type charge --limit 200\n"
+        "pgtaskd list --status pending --json")
+    listing.add_argument("--status", metavar="S",
+                         help="only this status: PENDING, RUNNING, COMPLETED, FAILED or "
+                              "CANCELLED (any case)")
+    listing.add_argument("--type", metavar="T", help="only this task type")
+    listing.add_argument("--limit", type=int, default=50, metavar="N",
+                         help="at most N tasks, 1 to 10000 (default: 50)")
+
+    _command(
+        commands, "stats", "count tasks by status and type",
+        "Count tasks by status and by type, and show how long the oldest due PENDING task has "
+        "waited and how many RUNNING tasks hold an expired lease (not yet returned by a "
+        "reaper).",
+        "pgtaskd stats\npgtaskd stats --json | jq .by_status.FAILED")
+
+
 def main(argv=None) -> int:
+    # A task name or payload in a terminal that cannot show it must not end in a traceback.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         return _dispatch(argv)
+    except BrokenPipeError:
+        # `pgtaskd list | head` closed the pipe: not an error worth reporting.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -102,7 +249,13 @@ def _dispatch(argv) -> int:
         parser.print_help()
         return EXIT_USAGE
     from . import commands
-    return getattr(commands, "cmd_" + args.command.replace("-", "_"))(args, load_config(args.config))
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        if args.command == "check-config" and args.json:
+            print(json.dumps({"ok": False, "problems": exc.problems}))
+        raise
+    return getattr(commands, "cmd_" + args.command.replace("-", "_"))(args, config)
 
 
 if __name__ == "__main__":

@@ -8,21 +8,24 @@ import signal
 import subprocess
 import sys
 import threading
+from datetime import datetime, timezone
 
+from .client import STATUSES, Client, TaskNotFound, TaskStateError
 from .config import Config
-from .db import store
 from .db.connect import connect, redact_dsn
 from .db.migrate import migrate
 from .db.session import database_dsn
-from .errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ConfigError, UsageError
-from .logs import emit, setup_logging
+from .errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
+from .logs import setup_logging
 
 
 def cmd_migrate(args, config: Config) -> int:
     with database_dsn(config) as dsn:
         with connect(dsn, connect_timeout=config.database.connect_timeout) as conn:
             applied = migrate(conn)
-    if applied:
+    if args.json:
+        print_json({"applied": [f"{m.version:04d}_{m.name}" for m in applied]})
+    elif applied:
         for migration in applied:
             print(f"applied {migration.version:04d}_{migration.name}")
     else:
@@ -35,11 +38,19 @@ def cmd_check_config(args, config: Config) -> int:
     problems = import_handlers_in_subprocess(config)
     for problem in problems:
         print(f"config error: {problem}", file=sys.stderr)
+    if args.json:
+        print_json({"ok": False, "problems": problems} if problems else {
+            "ok": True, "handlers": dict(config.handlers.types),
+            "pools": {p.name: {"processes": p.processes, "task_types": list(p.task_types)}
+                      for p in config.pools},
+            "database": redact_dsn(config.database.dsn)})
     if problems:
         return EXIT_USAGE
-    types = ", ".join(sorted(config.handlers.types)) or "(none)"
-    pools = ", ".join(f"{p.name}={p.processes}" for p in config.pools)
-    print(f"config ok: handlers [{types}], pools [{pools}], database {redact_dsn(config.database.dsn)}")
+    if not args.json:
+        types = ", ".join(sorted(config.handlers.types)) or "(none)"
+        pools = ", ".join(f"{p.name}={p.processes}" for p in config.pools)
+        print(f"config ok: handlers [{types}], pools [{pools}], "
+              f"database {redact_dsn(config.database.dsn)}")
     return EXIT_OK
 
 
@@ -103,3 +114,227 @@ def cmd_run(args, config: Config) -> int:
 
     setup_logging()
     return Arbiter(config, migrate_on_start=not args.no_migrate, demo=args.demo).run()
+
+
+# --- Task commands: submit, cancel, retry, show, list, stats --------------------------------
+
+
+class _Refused(Exception):
+    """Leaves a ``client.transaction()`` block so that it rolls back, with nothing to report."""
+
+
+def cmd_submit(args, config: Config) -> int:
+    payload = read_payload(args.payload, args.payload_file, config.max_payload_bytes)
+    with Client.from_config(config) as client:
+        task_id = client.submit(args.task_type, payload, priority=args.priority, run_at=args.at,
+                                delay=args.delay, task_id=args.id, name=args.name,
+                                max_retries=args.max_retries)
+        status = "PENDING"
+        if not task_id.created:
+            existing = client.get(task_id)
+            status = existing["status"] if existing else "unknown"
+    if args.json:
+        print_json({"id": task_id, "created": task_id.created, "status": status})
+    else:
+        print(task_id)
+    if not task_id.created:
+        print(f"note: task {printable(task_id)} exists already ({status}); nothing submitted",
+              file=sys.stderr)
+    elif config.handled_types and args.task_type not in config.handled_types:
+        # Only a config that names handlers can say a type is unknown; a submit-only config
+        # names none. Another daemon, with its own config, may still run this type.
+        where = config.path or "the config"
+        print(f"warning: no handler for task type {args.task_type!r} in {where}; "
+              f"it waits until a daemon that handles it runs", file=sys.stderr)
+    return EXIT_OK
+
+
+def read_payload(text: str | None, path: str | None, max_bytes: int) -> dict | None:
+    """The --payload or --payload-file JSON object, or None when neither was given."""
+    if text is not None:
+        source = "--payload"
+        try:
+            raw = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError("--payload: is not valid UTF-8") from None
+    elif path is not None:
+        source = f"--payload-file {path}"
+        raw = _read_limited(path, max_bytes)
+    else:
+        return None
+    # The client checks the stored (compact) size again; this bound keeps a huge input from
+    # being parsed at all.
+    if len(raw) > max_bytes:
+        raise UsageError(f"{source}: more than the maximum payload of {max_bytes} bytes "
+                         f"(max_payload_bytes)")
+    try:
+        payload = json.loads(raw.decode("utf-8-sig"), parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise UsageError(f"{source}: is not valid UTF-8") from None
+    except RecursionError:
+        raise UsageError(f"{source}: JSON nested too deeply") from None
+    except ValueError as exc:
+        raise UsageError(f"{source}: not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean",
+                type(None): "null"}.get(type(payload), "a number")
+        raise UsageError(f'{source}: must be a JSON object, like {{"key": "value"}}, got {kind}: '
+                         f"{_shorten(raw.decode('utf-8', 'replace'))}")
+    return payload
+
+
+def _read_limited(path: str, max_bytes: int) -> bytes:
+    try:
+        if path == "-":
+            return sys.stdin.buffer.read(max_bytes + 1)
+        with open(path, "rb") as stream:
+            return stream.read(max_bytes + 1)
+    except OSError as exc:
+        raise UsageError(f"--payload-file: cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _shorten(text: str, width: int = 40) -> str:
+    text = printable(text.strip())
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def cmd_cancel(args, config: Config) -> int:
+    return _change_all(args, config, Client.cancel, "cancelled", "CANCELLED")
+
+
+def cmd_retry(args, config: Config) -> int:
+    return _change_all(args, config, Client.retry, "retried", "PENDING")
+
+
+def _change_all(args, config: Config, change, done: str, new_status: str) -> int:
+    """Apply ``change`` to every id in one transaction: all of them, or none."""
+    task_ids = list(dict.fromkeys(args.ids))
+    problems = []
+    with Client.from_config(config) as client:
+        try:
+            with client.transaction():
+                for task_id in task_ids:
+                    try:
+                        change(client, task_id)
+                    except (TaskNotFound, TaskStateError) as exc:
+                        problems.append(str(exc))
+                if problems:
+                    raise _Refused
+        except _Refused:
+            pass
+    if problems:
+        suffix = f"; none of the {len(task_ids)} tasks was {done}" if len(task_ids) > 1 else ""
+        for problem in problems:
+            print(f"error: {printable(problem)}{suffix}", file=sys.stderr)
+        return EXIT_FAILURE
+    if args.json:
+        print_json([{"id": task_id, "status": new_status} for task_id in task_ids])
+    else:
+        for task_id in task_ids:
+            print(f"{done} {printable(task_id)}")
+    return EXIT_OK
+
+
+def cmd_show(args, config: Config) -> int:
+    with Client.from_config(config) as client:
+        task = client.get(args.id)
+    if task is None:
+        raise TaskNotFound(args.id)
+    if args.json:
+        print_json(task)
+        return EXIT_OK
+    width = max(len(column) for column in task) + 2
+    # The payload may run over many lines: last, so that it does not split the fields.
+    columns = [c for c in task if c != "payload"] + ["payload"]
+    for column in columns:
+        lines = [printable(line) for line in _shown(column, task[column]).splitlines() or [""]]
+        print(column.ljust(width) + ("\n" + " " * width).join(lines))
+    return EXIT_OK
+
+
+def _shown(column: str, value) -> str:
+    if column == "payload":
+        return json.dumps(value, indent=2, ensure_ascii=False)
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return human_time(value)
+    return str(value)
+
+
+def cmd_list(args, config: Config) -> int:
+    with Client.from_config(config) as client:
+        tasks = client.list(status=args.status, task_type=args.type, limit=args.limit)
+    if args.json:
+        print_json(tasks)
+    elif not tasks:
+        print("(no tasks)")
+    else:
+        print(render_table(
+            ["ID", "TYPE", "STATUS", "PRIORITY", "RETRIES", "SCHEDULED", "UPDATED"],
+            [[t["id"], t["task_type"], t["status"], str(t["priority"]),
+              f"{t['retry_count']}/{t['max_retries']}", human_time(t["scheduled_time"]),
+              human_time(t["updated_at"])] for t in tasks],
+            right_aligned={"PRIORITY", "RETRIES"}))
+    return EXIT_OK
+
+
+def cmd_stats(args, config: Config) -> int:
+    with Client.from_config(config) as client:
+        stats = client.stats()
+    if args.json:
+        print_json(stats)
+        return EXIT_OK
+    counts = ", ".join(f"{status} {stats['by_status'][status]}" for status in STATUSES)
+    print(f"tasks: {stats['total']} ({counts})")
+    age = stats["oldest_pending_age"]
+    waiting = f", the oldest waiting {age:.1f} s" if age is not None else ""
+    print(f"due pending: {stats['due_pending']}{waiting}")
+    print(f"expired leases: {stats['expired_leases']}")
+    if stats["by_type"]:
+        print()
+        print(render_table(
+            ["TYPE", *STATUSES, "TOTAL"],
+            [[task_type, *(str(by_status[s]) for s in STATUSES), str(sum(by_status.values()))]
+             for task_type, by_status in stats["by_type"].items()],
+            right_aligned={*STATUSES, "TOTAL"}))
+    return EXIT_OK
+
+
+def print_json(value) -> None:
+    """JSON on stdout: ASCII-only, so any terminal or pipe carries it intact."""
+    print(json.dumps(value, default=_json_value, indent=2))
+
+
+def _json_value(value):
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat()
+    raise TypeError(f"cannot print {type(value).__name__} as JSON")
+
+
+def human_time(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def printable(text: str) -> str:
+    """Text with control characters escaped: a task id must not drive the terminal."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                   for ch in str(text))
+
+
+def render_table(headers: list[str], rows: list[list[str]], *,
+                 right_aligned: set[str] = frozenset()) -> str:
+    rows = [[printable(cell) for cell in row] for row in rows]
+    widths = [max(len(cells[i]) for cells in [headers, *rows]) for i in range(len(headers))]
+    lines = []
+    for cells in [headers, *rows]:
+        padded = [cell.rjust(width) if header in right_aligned else cell.ljust(width)
+                  for header, cell, width in zip(headers, cells, widths)]
+        lines.append("  ".join(padded).rstrip())
+    return "\n".join(lines)

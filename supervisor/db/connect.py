@@ -33,14 +33,23 @@ def describe_target(dsn: str) -> str:
         return redact_dsn(dsn)
     host = parts.get("host") or parts.get("hostaddr") or "localhost"
     port = parts.get("port") or "5432"
-    return f"{host}:{port}/{parts.get('dbname') or parts.get('user') or ''}"
+    dbname = parts.get("dbname") or parts.get("user")
+    return f"{host}:{port}/{dbname}" if dbname else f"{host}:{port}"
 
 
 def connection_failure(dsn: str, exc: BaseException) -> OperationalError:
-    """One line naming the server and why it could not be reached, password-free."""
-    reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-    reason = reason.replace(dsn, redact_dsn(dsn)) if dsn else reason
-    reason = re.sub(r'^connection failed: ', "", reason)
+    """One line naming the server and why it could not be reached, password-free.
+
+    libpq's message ends with tab-indented hints ("Is the server running...?"); the reason
+    is the text after the last "failed: " of the last unindented line.
+    """
+    lines = [line for line in str(exc).splitlines() if line.strip() and not line.startswith("\t")]
+    reason = lines[-1] if lines else type(exc).__name__
+    if "failed: " in reason:
+        reason = reason.rsplit("failed: ", 1)[1]
+    reason = " ".join(reason.split())
+    if dsn:
+        reason = reason.replace(dsn, redact_dsn(dsn))
     return OperationalError(f"cannot connect to PostgreSQL at {describe_target(dsn)}: {reason}")
 
 

@@ -1,0 +1,488 @@
+"""The Python client: submit tasks, and inspect, cancel and retry them.
+
+    from supervisor import Client
+
+    with Client("postgresql://app@db/pgtaskd") as client:
+        task_id = client.submit("email", {"to": "ops@example.com"}, delay=60)
+
+A client given a DSN owns one autocommit connection, opened on first use and reopened if it
+breaks. A client given a psycopg connection borrows it: every call runs in whatever
+transaction that connection has open, and the client never commits, rolls back or closes it
+(short of ``client.transaction()``, which asks for exactly that). That is how an application
+enqueues a task atomically with its own writes:
+
+    with app_conn.transaction():
+        app_conn.execute("INSERT INTO orders ...")
+        Client(app_conn).submit("ship_order", {"order": 42}, task_id="ship-order-42")
+
+Every input is checked before the database is touched; a bad one raises UsageError and
+writes nothing. Database trouble raises OperationalError with a one-line message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, Iterator, Mapping
+
+import psycopg
+
+from .config import DEFAULT_MAX_PAYLOAD_BYTES, Config, load_config
+from .db import store
+from .db.connect import connect, describe_target
+from .db.session import database_dsn
+from .errors import OperationalError, UsageError
+
+STATUSES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED")
+CANCELLABLE_STATUSES = ("PENDING", "RUNNING")
+RETRYABLE_STATUSES = ("FAILED", "CANCELLED")
+SUBMIT_FIELDS = frozenset({"task_type", "payload", "priority", "run_at", "delay", "task_id",
+                           "name", "max_retries"})
+
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_LIST_LIMIT = 50
+MAX_LIST_LIMIT = 10_000
+# Ids and task types are indexed; PostgreSQL refuses btree entries over about 2.7 kB, so a
+# bound in characters (at most 4 bytes each) keeps every accepted value indexable.
+MAX_ID_LENGTH = 200
+MAX_TASK_TYPE_LENGTH = 200
+MAX_NAME_LENGTH = 1000
+# Far enough for any real schedule, near enough that now() + delay never leaves the range
+# of a timestamp.
+MAX_DELAY_SECONDS = 100 * 365 * 86400
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+
+
+class TaskNotFound(OperationalError):
+    """No task has this id."""
+
+    def __init__(self, task_id: str):
+        self.task_id = task_id
+        super().__init__(f"no task with id {task_id!r}")
+
+
+class TaskStateError(OperationalError):
+    """The task exists, but its status does not allow the operation."""
+
+    def __init__(self, task_id: str, status: str, message: str):
+        self.task_id = task_id
+        self.status = status
+        super().__init__(message)
+
+
+class SubmittedId(str):
+    """The id of a submitted task; ``created`` is False when a task with this id existed.
+
+    A str, so ``submit()`` keeps returning the plain id callers store and compare. Finding
+    the id taken is the expected outcome of retrying an enqueue (that is what a caller's own
+    id is for), so it is neither an exception nor a different return type: callers that care
+    read ``.created``, the rest never notice. The existing task is left exactly as it was,
+    whatever the second submit asked for.
+    """
+
+    created: bool
+
+    def __new__(cls, task_id: str, created: bool) -> "SubmittedId":
+        instance = super().__new__(cls, task_id)
+        instance.created = created
+        return instance
+
+    def __getnewargs__(self):
+        return str(self), self.created
+
+    def __repr__(self) -> str:
+        return f"SubmittedId({str(self)!r}, created={self.created})"
+
+
+@dataclass(frozen=True)
+class NewTask:
+    """One task to submit, checked and with its payload already serialized."""
+    id: str
+    name: str
+    task_type: str
+    payload_json: str
+    priority: int
+    run_at: datetime | None
+    delay_seconds: float | None
+    max_retries: int
+
+
+def prepare_task(task_type: str, payload: Mapping[str, Any] | None = None, *,
+                 priority: int = 0, run_at: datetime | None = None,
+                 delay: float | timedelta | None = None, task_id: str | None = None,
+                 name: str | None = None, max_retries: int = 3,
+                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> NewTask:
+    """Check every argument of a submit; UsageError names the first bad one."""
+    task_type = _check_label("task_type", task_type, MAX_TASK_TYPE_LENGTH)
+    task_id = str(uuid.uuid4()) if task_id is None else _check_label("task_id", task_id,
+                                                                     MAX_ID_LENGTH)
+    if name is None:
+        name = task_type
+    else:
+        _check_text("name", name)
+        if len(name) > MAX_NAME_LENGTH:
+            raise UsageError(f"name: longer than {MAX_NAME_LENGTH} characters")
+    if run_at is not None and delay is not None:
+        raise UsageError("give run_at or delay, not both")
+    return NewTask(
+        id=task_id, name=name, task_type=task_type,
+        payload_json=serialize_payload(payload, max_payload_bytes),
+        priority=_check_int("priority", priority, INT32_MIN, INT32_MAX),
+        run_at=None if run_at is None else _check_run_at(run_at),
+        delay_seconds=None if delay is None else _check_delay(delay),
+        max_retries=_check_int("max_retries", max_retries, 0, INT32_MAX),
+    )
+
+
+def serialize_payload(payload: Mapping[str, Any] | None, max_bytes: int) -> str:
+    """Compact JSON text of a payload that PostgreSQL's jsonb will accept, within max_bytes."""
+    if payload is None:
+        payload = {}
+    if not isinstance(payload, Mapping):
+        raise UsageError(f"payload: must be a JSON object (a dict), got {_kind(payload)}")
+    try:
+        text = json.dumps(dict(payload), ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False)
+    except RecursionError:
+        raise UsageError("payload: nested too deeply") from None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"payload: cannot be stored as JSON: {exc}") from None
+    # Only now: json.dumps has ruled out cycles, which the walk would follow forever.
+    _check_storable(payload)
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise UsageError("payload: contains text that is not valid Unicode") from None
+    if size > max_bytes:
+        raise UsageError(f"payload: {size} bytes, more than the maximum of {max_bytes} "
+                         f"(max_payload_bytes)")
+    return text
+
+
+def _check_storable(payload: Mapping) -> None:
+    """Reject what json.dumps lets through but jsonb refuses, or silently changes."""
+    pending: list[Any] = [payload]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                # json.dumps would turn 1 and "1" into the same key, and keep both.
+                if not isinstance(key, str):
+                    raise UsageError(f"payload: object keys must be strings, got {_kind(key)} "
+                                     f"{key!r}")
+                pending.extend((key, item))
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+        elif isinstance(value, str) and "\x00" in value:
+            raise UsageError("payload: text must not contain NUL characters (\\u0000)")
+
+
+def _check_text(field: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise UsageError(f"{field}: must be a string, got {_kind(value)}")
+    if "\x00" in value:
+        raise UsageError(f"{field}: must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{field}: is not valid Unicode") from None
+    return value
+
+
+def _check_label(field: str, value: Any, max_length: int) -> str:
+    """An id or a task type: shown in tables, typed by operators, indexed."""
+    _check_text(field, value)
+    if not value:
+        raise UsageError(f"{field}: must not be empty")
+    if len(value) > max_length:
+        raise UsageError(f"{field}: longer than {max_length} characters")
+    if value != value.strip():
+        raise UsageError(f"{field}: must not start or end with white space, got {value!r}")
+    if not value.isprintable():
+        raise UsageError(f"{field}: must not contain control or format characters, "
+                         f"got {value!r}")
+    return value
+
+
+def _check_int(field: str, value: Any, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{field}: must be a whole number, got {_kind(value)} {value!r}")
+    if value < minimum:
+        raise UsageError(f"{field}: must be {minimum} or more, got {value}")
+    if value > maximum:
+        raise UsageError(f"{field}: must be at most {maximum}, got {value}")
+    return value
+
+
+def _check_run_at(run_at: Any) -> datetime:
+    if not isinstance(run_at, datetime):
+        raise UsageError(f"run_at: must be a datetime, got {_kind(run_at)}")
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise UsageError(f"run_at: {run_at.isoformat()} has no time zone; give an aware "
+                         f"datetime (like datetime.now(timezone.utc))")
+    try:
+        # A time that cannot be read back as a Python datetime could not be shown later.
+        return run_at.astimezone(timezone.utc)
+    except OverflowError:
+        raise UsageError(f"run_at: {run_at.isoformat()} is out of range") from None
+
+
+def _check_delay(delay: Any) -> float:
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise UsageError(f"delay: must be seconds or a timedelta, got {_kind(delay)}")
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_DELAY_SECONDS:
+        raise UsageError(f"delay: must be from 0 to {MAX_DELAY_SECONDS} seconds, got {delay!r}")
+    return seconds
+
+
+def check_status(status: Any) -> str:
+    """An upper-cased task status, or UsageError naming the statuses there are."""
+    if not isinstance(status, str) or status.upper() not in STATUSES:
+        raise UsageError(f"unknown status {status!r} (one of: {', '.join(STATUSES)})")
+    return status.upper()
+
+
+def _check_lookup_id(task_id: Any) -> str:
+    """An id to look up may be anything another client stored; only reject what cannot be sent."""
+    _check_text("task_id", task_id)
+    if not task_id:
+        raise UsageError("task_id: must not be empty")
+    return task_id
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", tuple: "a list", str: "a string",
+            bool: "a boolean", int: "a number", float: "a number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+class Client:
+    """Submit and manage tasks over one connection.
+
+    Not for concurrent use by several threads (they would share one transaction state):
+    give each thread its own client.
+    """
+
+    def __init__(self, target: str | psycopg.Connection, *,
+                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT):
+        """``target`` is a DSN (the client owns a connection) or a psycopg connection
+        (borrowed: calls join its transaction; it is never committed or closed here)."""
+        if isinstance(target, psycopg.Connection):
+            self._setup(dsn=None, conn=target, config=None, max_payload_bytes=max_payload_bytes,
+                        connect_timeout=connect_timeout)
+        elif isinstance(target, str) and target:
+            self._setup(dsn=target, conn=None, config=None, max_payload_bytes=max_payload_bytes,
+                        connect_timeout=connect_timeout)
+        else:
+            raise TypeError(f"Client needs a DSN or a psycopg connection, got {target!r}")
+
+    @classmethod
+    def from_config(cls, config: str | os.PathLike | Config | None = None) -> "Client":
+        """A client for the database of a pgtaskd config (a path, or None for $PGTASKD_CONFIG).
+
+        Without a DSN there, the embedded PostgreSQL in ``database.data_dir`` is started on
+        first use and held until ``close()``.
+        """
+        if not isinstance(config, Config):
+            config = load_config(config)
+        client = cls.__new__(cls)
+        client._setup(dsn=config.database.dsn, conn=None, config=config,
+                      max_payload_bytes=config.max_payload_bytes,
+                      connect_timeout=config.database.connect_timeout)
+        return client
+
+    def _setup(self, *, dsn: str | None, conn: psycopg.Connection | None,
+               config: Config | None, max_payload_bytes: int, connect_timeout: float) -> None:
+        self.max_payload_bytes = max_payload_bytes
+        self.connect_timeout = connect_timeout
+        self._dsn = dsn
+        self._conn = conn
+        self._owns_connection = conn is None
+        # Set by from_config(); without a DSN there, it says where to start the embedded server.
+        self._config = config
+        self._resources = contextlib.ExitStack()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close an owned connection and let go of the embedded server; a borrowed one stays."""
+        if self._owns_connection and self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._resources.close()
+        if self._config is not None and not self._config.database.dsn:
+            self._dsn = None  # the embedded server's address dies with it
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Make the calls inside one atomic unit: all of them take effect, or none.
+
+        psycopg's ``Connection.transaction()``: a savepoint when the connection already has a
+        transaction open (a borrowed one usually does), else a transaction of its own that
+        commits when the block ends and rolls back if it raises.
+        """
+        with self._database() as conn, conn.transaction():
+            yield
+
+    def submit(self, task_type: str, payload: Mapping[str, Any] | None = None, *,
+               priority: int = 0, run_at: datetime | None = None,
+               delay: float | timedelta | None = None, task_id: str | None = None,
+               name: str | None = None, max_retries: int = 3) -> SubmittedId:
+        """Enqueue a task and return its id (a new UUID unless ``task_id`` is given).
+
+        ``run_at`` (an aware datetime) or ``delay`` (seconds, or a timedelta, counted from the
+        database's clock) postpone it. Submitting an id that exists writes nothing and returns
+        that id with ``.created`` False, so a retried enqueue never runs the work twice. Only
+        a caller-chosen ``task_id`` makes a retry safe: a generated one is new every call.
+        """
+        task = prepare_task(task_type, payload, priority=priority, run_at=run_at, delay=delay,
+                            task_id=task_id, name=name, max_retries=max_retries,
+                            max_payload_bytes=self.max_payload_bytes)
+        return self._insert([task])[0]
+
+    def submit_many(self, tasks: Iterable[Mapping[str, Any]]) -> list[SubmittedId]:
+        """Enqueue many tasks in one statement; each mapping holds ``submit()``'s arguments.
+
+        Returns the ids in input order, with ``.created`` as for ``submit()``; an id given
+        twice in one batch is created once, by its first copy. One bad task rejects the batch.
+        """
+        prepared = []
+        for position, spec in enumerate(tasks):
+            if not isinstance(spec, Mapping):
+                raise UsageError(f"tasks[{position}]: must be a mapping of submit() arguments, "
+                                 f"got {_kind(spec)}")
+            arguments = dict(spec)
+            unknown = sorted(set(arguments) - SUBMIT_FIELDS, key=str)
+            if unknown:
+                raise UsageError(f"tasks[{position}]: unknown field {unknown[0]!r} "
+                                 f"(fields: {', '.join(sorted(SUBMIT_FIELDS))})")
+            if "task_type" not in arguments:
+                raise UsageError(f"tasks[{position}]: task_type is missing")
+            try:
+                prepared.append(prepare_task(**arguments,
+                                             max_payload_bytes=self.max_payload_bytes))
+            except UsageError as exc:
+                raise UsageError(f"tasks[{position}]: {exc}") from None
+        return self._insert(prepared) if prepared else []
+
+    def _insert(self, tasks: list[NewTask]) -> list[SubmittedId]:
+        with self._database() as conn:
+            created = store.submit_tasks(
+                conn, ids=[t.id for t in tasks], names=[t.name for t in tasks],
+                task_types=[t.task_type for t in tasks],
+                payloads=[t.payload_json for t in tasks],
+                priorities=[t.priority for t in tasks], run_ats=[t.run_at for t in tasks],
+                delays=[t.delay_seconds for t in tasks],
+                max_retries=[t.max_retries for t in tasks])
+        ids, seen = [], set()
+        for task in tasks:
+            ids.append(SubmittedId(task.id, task.id in created and task.id not in seen))
+            seen.add(task.id)
+        return ids
+
+    def cancel(self, task_id: str) -> None:
+        """PENDING or RUNNING becomes CANCELLED (a running handler sees it at its next lease
+        renewal). TaskNotFound, or TaskStateError for a finished task."""
+        self._change_status(_check_lookup_id(task_id), store.cancel_task, CANCELLABLE_STATUSES,
+                            "cancel", "cancelled")
+
+    def retry(self, task_id: str) -> None:
+        """FAILED or CANCELLED becomes PENDING, due now, with its retry budget restored.
+        TaskNotFound, or TaskStateError for a task in any other status."""
+        self._change_status(_check_lookup_id(task_id), store.retry_task, RETRYABLE_STATUSES,
+                            "retry", "retried")
+
+    def _change_status(self, task_id: str, change, allowed: tuple[str, ...], verb: str,
+                       done: str) -> None:
+        with self._database() as conn:
+            # The status is read after the refusal, so a task that moved into an allowed
+            # status in between (a concurrent retry) gets the change again, not a refusal
+            # that contradicts itself.
+            while not change(conn, task_id):
+                current = store.task_status(conn, task_id)
+                if current is None:
+                    raise TaskNotFound(task_id)
+                status = current["status"]
+                if status not in allowed:
+                    raise TaskStateError(task_id, status,
+                                         f"cannot {verb} task {task_id!r}: it is {status} "
+                                         f"(only {' or '.join(allowed)} tasks can be {done})")
+
+    def get(self, task_id: str) -> dict[str, Any] | None:
+        """Every column of the task, or None if there is no such task."""
+        task_id = _check_lookup_id(task_id)
+        with self._database() as conn:
+            return store.get_task(conn, task_id)
+
+    def list(self, status: str | None = None, task_type: str | None = None,
+             limit: int = DEFAULT_LIST_LIMIT) -> list[dict[str, Any]]:
+        """Tasks, most recently updated first, each with every column."""
+        status = None if status is None else check_status(status)
+        task_type = None if task_type is None else _check_text("task_type", task_type)
+        limit = _check_int("limit", limit, 1, MAX_LIST_LIMIT)
+        with self._database() as conn:
+            return store.list_tasks(conn, status=status, task_type=task_type, limit=limit)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts by status and by type, the oldest due task's wait, expired leases.
+
+        ``{"total": int, "by_status": {status: n}, "by_type": {type: {status: n}},
+        "due_pending": int, "oldest_pending_age": seconds or None, "expired_leases": int}``;
+        every status appears in each count, zero or not.
+        """
+        with self._database() as conn:
+            rows = store.count_by_type_and_status(conn)
+            summary = store.queue_summary(conn)
+        by_status = dict.fromkeys(STATUSES, 0)
+        by_type: dict[str, dict[str, int]] = {}
+        for row in rows:
+            by_status[row["status"]] += row["count"]
+            by_type.setdefault(row["task_type"], dict.fromkeys(STATUSES, 0))[row["status"]] = \
+                row["count"]
+        return {"total": sum(by_status.values()), "by_status": by_status, "by_type": by_type,
+                "due_pending": summary["due_pending"],
+                "oldest_pending_age": summary["oldest_pending_age"],
+                "expired_leases": summary["expired_leases"]}
+
+    def _connection(self) -> psycopg.Connection:
+        if not self._owns_connection:
+            return self._conn
+        if self._conn is None or self._conn.closed:
+            if self._dsn is None:
+                self._dsn = self._resources.enter_context(database_dsn(self._config))
+            self._conn = connect(self._dsn, connect_timeout=self.connect_timeout,
+                                 application_name="pgtaskd client")
+        return self._conn
+
+    def _target(self, conn: psycopg.Connection) -> str:
+        if self._dsn:
+            return describe_target(self._dsn)
+        return f"{conn.info.host}:{conn.info.port}/{conn.info.dbname}"
+
+    @contextlib.contextmanager
+    def _database(self) -> Iterator[psycopg.Connection]:
+        """The connection, with psycopg's errors turned into one-line OperationalErrors."""
+        conn = self._connection()
+        try:
+            yield conn
+        except psycopg.errors.UndefinedTable as exc:
+            raise OperationalError(f"PostgreSQL at {self._target(conn)} has no pgtaskd schema: "
+                                   f"run 'pgtaskd migrate' first") from exc
+        except psycopg.Error as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            what = "lost the connection to" if conn.closed else "error from"
+            raise OperationalError(f"{what} PostgreSQL at {self._target(conn)}: {reason}") from exc
