@@ -73,6 +73,7 @@ class Child:
     kill_at: float | None = None  # when a stopping child gets SIGKILL
     killed_by_us: bool = False
     boot_error: str | None = None
+    waiting_db: bool = False  # booting, but waiting out a database outage: not stuck
 
     @property
     def pid(self) -> int:
@@ -315,6 +316,8 @@ class Arbiter:
             child.claim = None
         elif kind == "boot_failed":
             child.boot_error = message.get("error")
+        elif kind == "waiting_db":
+            child.waiting_db = True
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -373,7 +376,8 @@ class Arbiter:
 
     def child_command(self, pool: str, slot: int, write_fd: int) -> list[str]:
         command = [sys.executable, "-m", "supervisor.worker.main", "--pool", pool,
-                   "--slot", str(slot), "--channel-fd", str(write_fd)]
+                   "--slot", str(slot), "--channel-fd", str(write_fd),
+                   "--supervisor-pid", str(os.getpid())]
         if self.config.path:
             command += ["-c", str(self.config.path)]
         return command
@@ -401,7 +405,10 @@ class Arbiter:
             process = subprocess.Popen(
                 self.child_command(pool, slot, write_fd), pass_fds=(write_fd,),
                 env=self.child_env(self.generation_config(generation)),
-                stdin=subprocess.DEVNULL, close_fds=True)
+                stdin=subprocess.DEVNULL, close_fds=True,
+                # A process group per child: killing a child kills what its handler started
+                # too, so no orphaned subprocess keeps working on a task that runs again.
+                start_new_session=True)
         except OSError as exc:
             os.close(read_fd)
             os.close(write_fd)
@@ -459,7 +466,13 @@ class Arbiter:
 
     def kill_child(self, child: Child) -> None:
         child.killed_by_us = True
-        self._signal(child, signal.SIGKILL)
+        self._kill_group(child)
+
+    def _kill_group(self, child: Child) -> None:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def _signal(self, child: Child, signum: int) -> None:
         try:
@@ -475,7 +488,8 @@ class Arbiter:
                 emit("worker_stop_timeout", logging.WARNING, pool=child.pool, slot=child.slot,
                      child_pid=child.pid, task_id=(child.claim or {}).get("task_id"))
                 self.kill_child(child)
-            elif not child.booted and not child.stopping and now - child.started > BOOT_TIMEOUT:
+            elif not child.booted and not child.stopping and not child.waiting_db \
+                    and now - child.started > BOOT_TIMEOUT:
                 child.boot_error = f"did not boot within {BOOT_TIMEOUT:g} s"
                 self.kill_child(child)
 
@@ -510,6 +524,8 @@ class Arbiter:
              exit=how, lived_seconds=round(lived, 3), booted=child.booted,
              stopping=child.stopping, task_id=(child.claim or {}).get("task_id"))
         if child.claim:
+            # Whatever the handler started must be gone before the task can run again.
+            self._kill_group(child)
             self.settle_claim(child, how)
         if child.stopping:
             return

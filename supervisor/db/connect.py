@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -23,6 +24,20 @@ def redact_dsn(dsn: str | None) -> str:
         redacted = _URI_PASSWORD.sub(r"\1***@", dsn)
         return re.sub(r"([?&]password=)[^&]*", r"\1***", redacted, flags=re.IGNORECASE)
     return _KV_PASSWORD.sub(r"\1***", dsn)
+
+
+def _passwords(dsn: str) -> list[str]:
+    """Every spelling of the DSN's password that an error message could quote."""
+    found = []
+    match = re.match(r"^\w+://[^:/@]*:([^@]*)@", dsn)
+    if match:
+        found.append(match[1])
+    found += re.findall(r"[?&]password=([^&]*)", dsn, flags=re.IGNORECASE)
+    found += [m.strip("'") for m in re.findall(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", dsn,
+                                               flags=re.IGNORECASE)]
+    found += [unquote(s) for s in found]
+    # Longest first, so a password containing another candidate is replaced whole.
+    return sorted({s for s in found if s}, key=len, reverse=True)
 
 
 def describe_target(dsn: str) -> str:
@@ -50,12 +65,31 @@ def connection_failure(dsn: str, exc: BaseException) -> OperationalError:
     reason = " ".join(reason.split())
     if dsn:
         reason = reason.replace(dsn, redact_dsn(dsn))
+        # libpq quotes the piece of a DSN it cannot parse, and that piece can be the
+        # password itself.
+        for secret in _passwords(dsn):
+            reason = reason.replace(secret, "***")
     return OperationalError(f"cannot connect to PostgreSQL at {describe_target(dsn)}: {reason}")
 
 
+# Notice a dead network path within seconds instead of the kernel's ~15 minutes: a worker
+# whose connection stalled silently (a partition, a failover) must find out before its lease
+# runs out, and the supervisor's loop must not hang on one. libpq ignores these for unix
+# sockets. A DSN that sets any of them itself keeps its own values.
+TCP_OPTIONS = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+               "keepalives_count": 3, "tcp_user_timeout": 10_000}
+
+
 def with_options(dsn: str, **options) -> str:
-    """The DSN with libpq options added (application_name, connect_timeout, ...)."""
-    return make_conninfo(dsn, **{k: v for k, v in options.items() if v is not None})
+    """The DSN with libpq options added (application_name, connect_timeout, ...) and the
+    TCP timeouts above, unless the DSN chose its own."""
+    try:
+        own = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        own = {}
+    merged = {k: v for k, v in TCP_OPTIONS.items() if k not in own}
+    merged.update({k: v for k, v in options.items() if v is not None})
+    return make_conninfo(dsn, **merged)
 
 
 def connect(dsn: str, *, autocommit: bool = True, connect_timeout: float = 5.0,
@@ -69,6 +103,10 @@ def connect(dsn: str, *, autocommit: bool = True, connect_timeout: float = 5.0,
         )
     except psycopg.Error as exc:
         raise connection_failure(dsn, exc) from None
+
+
+SUPERVISOR_LOCK_TIMEOUT = 2.0
+SUPERVISOR_STATEMENT_TIMEOUT = 10.0
 
 
 class LazyConnection:
@@ -85,8 +123,18 @@ class LazyConnection:
     def get(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self.close()
-            self._conn = connect(self.dsn, connect_timeout=self.connect_timeout,
-                                 application_name=self.application_name)
+            conn = connect(self.dsn, connect_timeout=self.connect_timeout,
+                           application_name=self.application_name)
+            try:
+                # The supervisor's statements are short; one stuck behind a row lock (an
+                # operator's SELECT ... FOR UPDATE) must fail and be retried later, not
+                # freeze the arbiter loop and with it signals, restarts and watchdog pings.
+                conn.execute(f"SET lock_timeout = {int(SUPERVISOR_LOCK_TIMEOUT * 1000)}")
+                conn.execute(f"SET statement_timeout = {int(SUPERVISOR_STATEMENT_TIMEOUT * 1000)}")
+            except psycopg.Error as exc:
+                conn.close()
+                raise connection_failure(self.dsn, exc) from None
+            self._conn = conn
         return self._conn
 
     def close(self) -> None:

@@ -2,6 +2,9 @@
 -- supervisor.db.store; nothing else builds SQL. Parameters are psycopg %(name)s placeholders.
 -- Every write made by the owner of a claim is conditioned on (id, RUNNING, claimed_by,
 -- lease_token): zero rows changed means the claim was lost and the result must be dropped.
+-- Only the owner's own final writes leave its token on the row; every other change (cancel,
+-- release, rescue, reap, an operator's retry) clears it, so a worker that retried a final
+-- write after a dropped connection can tell its own landed write from someone else's.
 
 -- name: claim_task
 -- The seed's claim, limited to the task types this worker can run. A RUNNING task whose lease
@@ -100,6 +103,7 @@ UPDATE tasks
 SET
     status = 'PENDING',
     claimed_by = NULL,
+    lease_token = NULL,
     lease_until = NULL,
     updated_at = now()
 WHERE id = %(task_id)s
@@ -123,6 +127,7 @@ SET
     finished_at = CASE WHEN t.retry_count >= t.max_retries THEN now() ELSE NULL END,
     error_message = %(error)s,
     claimed_by = NULL,
+    lease_token = NULL,
     lease_until = NULL,
     updated_at = now()
 WHERE t.id = %(task_id)s
@@ -156,6 +161,7 @@ SET
     error_message = 'lease of worker ' || coalesce(t.claimed_by, '?')
                     || ' expired: the worker stopped renewing it',
     claimed_by = NULL,
+    lease_token = NULL,
     lease_until = NULL,
     updated_at = now()
 FROM expired
@@ -170,6 +176,7 @@ UPDATE tasks
 SET
     status = 'CANCELLED',
     claimed_by = NULL,
+    lease_token = NULL,
     lease_until = NULL,
     finished_at = now(),
     updated_at = now()
@@ -240,6 +247,7 @@ SET
     scheduled_time = now(),
     error_message = NULL,
     claimed_by = NULL,
+    lease_token = NULL,
     lease_until = NULL,
     finished_at = NULL,
     updated_at = now()

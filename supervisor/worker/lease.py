@@ -30,12 +30,17 @@ class LeaseRenewer(threading.Thread):
         self.renew_interval = renew_interval
         self.pool_name = pool_name
         self._stop_event = threading.Event()
-        # When our lease runs out by our own clock if no renewal gets through.
-        self._expires_at = time.monotonic() + lease_seconds
+        self._told_lost = False
+
+    @property
+    def _expires_at(self) -> float:
+        return self.task.lease_expires_at
 
     def stop(self) -> None:
+        """Stop renewing. A renewal stuck on a stalled connection is not waited for: the
+        TCP timeouts end it, and the final write goes through another connection."""
         self._stop_event.set()
-        self.join()
+        self.join(timeout=1.0)
 
     def run(self) -> None:
         while not self._stop_event.wait(self._next_wait()):
@@ -53,6 +58,8 @@ class LeaseRenewer(threading.Thread):
         """One renewal; False once the claim is lost and renewing should end."""
         fields = dict(task_id=self.claim.task_id, worker_id=self.claim.worker_id,
                       task_type=self.task.task_type, retry_count=self.task.retry_count)
+        # The database extends the lease from its now(), which is no earlier than this.
+        sent_at = time.monotonic()
         try:
             with self.pool.connection() as conn:
                 renewed = store.renew_lease(conn, self.claim, lease_seconds=self.lease_seconds)
@@ -60,13 +67,15 @@ class LeaseRenewer(threading.Thread):
                     row = store.task_status(conn, self.claim.task_id)
         except (psycopg.Error, PoolTimeout) as exc:
             emit("lease_renew_failed", logging.WARNING, error=_one_line(exc), **fields)
-            if time.monotonic() >= self._expires_at:
-                # Another worker may own the task by now: ask the handler to stop.
-                self.task.mark_lost("lease expired while the database was unreachable")
+            if self.task.is_cancelled() and not self._told_lost:
+                # Another worker may own the task by now: the handler is told to stop. Keep
+                # renewing all the same: if nobody took the task, a renewal that lands keeps
+                # a handler that does not check from being run twice at once.
+                self._told_lost = True
                 emit("lease_lost", logging.WARNING, reason="lease expired unrenewed", **fields)
             return True
         if renewed:
-            self._expires_at = time.monotonic() + self.lease_seconds
+            self.task.lease_expires_at = sent_at + self.lease_seconds
             metrics.LEASE_RENEWALS.labels(self.pool_name, self.task.task_type).inc()
             emit("lease_renewed", **fields)
             return True

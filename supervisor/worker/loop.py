@@ -9,6 +9,7 @@ was lost (cancelled, or taken over after the lease expired): the result is dropp
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -47,14 +48,16 @@ class Outcome:
     retry_delay: float | None = None
 
 
-def open_pool(dsn: str, *, connect_timeout: float, name: str, max_size: int = 3) -> ConnectionPool:
+def open_pool(dsn: str, *, connect_timeout: float, name: str, max_size: int = 3,
+              application_name: str | None = None) -> ConnectionPool:
     """The child's connections: the loop, the lease thread and a handler borrow from it.
 
     ``check`` tests a connection before lending it, so after a database restart the next
     claim gets a fresh connection instead of failing once on a dead one.
     """
     return ConnectionPool(
-        with_options(dsn, application_name=name[:63], connect_timeout=max(1, int(connect_timeout))),
+        with_options(dsn, application_name=(application_name or name)[:63],
+                     connect_timeout=max(1, int(connect_timeout))),
         min_size=1, max_size=max_size, kwargs={"autocommit": True},
         check=ConnectionPool.check_connection, timeout=connect_timeout, open=False, name=name,
         # Keep trying through a long outage: a worker has nothing better to do, and giving up
@@ -66,9 +69,13 @@ def open_pool(dsn: str, *, connect_timeout: float, name: str, max_size: int = 3)
 class Worker:
     def __init__(self, config: Config, *, pool: ConnectionPool, handlers: Mapping[str, Callable],
                  worker_id: str, pool_name: str = "default",
-                 channel: ChildChannel | None = None, stop_event: threading.Event | None = None):
+                 channel: ChildChannel | None = None, stop_event: threading.Event | None = None,
+                 lease_pool: ConnectionPool | None = None):
         self.config = config
         self.pool = pool
+        # Renewals get connections of their own, so a handler holding the pool's connections
+        # can never starve its own lease.
+        self.lease_pool = lease_pool or pool
         self.handlers = dict(handlers)
         self.task_types = tuple(sorted(self.handlers))
         self.worker_id = worker_id
@@ -99,12 +106,14 @@ class Worker:
         """Claim one due task and run it to a final state; None when nothing was due."""
         if not self.task_types:
             return None
+        # The database starts the lease at its now(), which is no earlier than this.
+        claimed_at = time.monotonic()
         with self.pool.connection() as conn:
             row = store.claim_task(conn, worker_id=self.worker_id, task_types=self.task_types,
                                    lease_seconds=self.config.lease.seconds)
         if row is None:
             return None
-        return self.execute(row)
+        return self.execute(row, claimed_at=claimed_at)
 
     def _loop_error(self, exc: BaseException) -> None:
         self._error_streak += 1
@@ -118,16 +127,18 @@ class Worker:
 
     # -- one task ---------------------------------------------------------------------------
 
-    def execute(self, row: dict) -> Outcome:
+    def execute(self, row: dict, *, claimed_at: float | None = None) -> Outcome:
         claim = store.Claim(row["id"], self.worker_id, row["lease_token"])
         task = Task.from_row(row, worker_id=self.worker_id, connection=self.pool.connection)
+        task.lease_expires_at = (time.monotonic() if claimed_at is None else claimed_at) \
+            + self.config.lease.seconds
         fields = self._fields(task)
         metrics.TASKS_CLAIMED.labels(self.pool_name, task.task_type).inc()
         emit("task_claimed", token=claim.token, attempt=row.get("attempts"), **fields)
         self.channel.send("claimed", task_id=task.id, token=claim.token, task_type=task.task_type)
         self.on_title(f"running {task.id}")
 
-        renewer = LeaseRenewer(pool=self.pool, claim=claim, task=task,
+        renewer = LeaseRenewer(pool=self.lease_pool, claim=claim, task=task,
                                lease_seconds=self.config.lease.seconds,
                                renew_interval=self.config.lease.renew_interval,
                                pool_name=self.pool_name)
@@ -135,7 +146,13 @@ class Worker:
         started = time.monotonic()
         error: BaseException | None = None
         try:
-            self.handlers[task.task_type](task)
+            result = self.handlers[task.task_type](task)
+            if inspect.isawaitable(result) or inspect.isgenerator(result):
+                # Calling it did none of its work; recording COMPLETED would lose the task.
+                if hasattr(result, "close"):
+                    result.close()
+                raise PermanentError(f"the handler returned {type(result).__name__} instead of "
+                                     "running: handlers must be plain functions")
         except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit is a failure too
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -273,7 +290,8 @@ class AlreadyWritten:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+    # PostgreSQL text cannot hold NUL; an error message carrying one must still be saved.
+    text = str(exc).replace("\x00", "\\x00").strip().splitlines()
     return f"{type(exc).__name__}: {text[-1]}" if text else type(exc).__name__
 
 
@@ -283,4 +301,4 @@ def _with_origin(exc: BaseException, message: str) -> str:
     if not frames:
         return message
     last = frames[-1]
-    return f"{message} (at {last.filename}:{last.lineno} in {last.name})"
+    return f"{message} (at {last.filename}:{last.lineno} in {last.name})".replace("\x00", "\\x00")

@@ -8,6 +8,7 @@ and reads the child's reports from the pipe named by ``--channel-fd``.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import os
 import signal
@@ -37,6 +38,8 @@ def parse_args(argv=None):
     parser.add_argument("--slot", type=int, default=1, help="this child's number in its pool")
     parser.add_argument("--channel-fd", type=int, default=None,
                         help="file descriptor of the pipe to the supervisor")
+    parser.add_argument("--supervisor-pid", type=int, default=None,
+                        help="stop when this process (the supervisor) is gone")
     return parser.parse_args(argv)
 
 
@@ -57,15 +60,19 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: ChildCha
                  error=problem)
         channel.send("boot_failed", error="; ".join(exc.problems)[:3000])
         return EXIT_BOOT_FAILED
-    if not wait_for_database(dsn, config.database.connect_timeout, stop_event,
+    if not wait_for_database(dsn, config.database.connect_timeout, stop_event, channel,
                              worker_id=worker_id, pool_name=pool_name):
         return EXIT_OK
-    pool = open_pool(dsn, connect_timeout=config.database.connect_timeout,
-                     name=f"pgtaskd {pool_name}#{slot}")
+    name = f"pgtaskd {pool_name}#{slot}"
+    pool = open_pool(dsn, connect_timeout=config.database.connect_timeout, name=name)
+    lease_pool = open_pool(dsn, connect_timeout=config.database.connect_timeout,
+                           name=f"{name} lease", application_name=name, max_size=1)
     try:
         pool.open(wait=True, timeout=max(config.database.connect_timeout, 1.0))
+        lease_pool.open(wait=True, timeout=max(config.database.connect_timeout, 1.0))
         worker = Worker(config, pool=pool, handlers=handlers, worker_id=worker_id,
-                        pool_name=pool_name, channel=channel, stop_event=stop_event)
+                        pool_name=pool_name, channel=channel, stop_event=stop_event,
+                        lease_pool=lease_pool)
         worker.on_title = lambda state: proctitle.worker_title(pool_name, slot, state)
         proctitle.worker_title(pool_name, slot, "idle")
         channel.send("booted", pid=os.getpid(), worker_id=worker_id,
@@ -73,12 +80,13 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: ChildCha
         worker.run()
         channel.send("stopping", reason="asked to stop")
     finally:
+        lease_pool.close()
         pool.close()
     return EXIT_OK
 
 
-def wait_for_database(dsn: str, connect_timeout: float, stop_event: threading.Event, *,
-                      worker_id: str, pool_name: str) -> bool:
+def wait_for_database(dsn: str, connect_timeout: float, stop_event: threading.Event,
+                      channel: ChildChannel, *, worker_id: str, pool_name: str) -> bool:
     """Wait out a database that is down: a child that cannot connect is not broken, and
     exiting would only spin the supervisor's restart loop. The child reports "booted" only
     once connected. False if asked to stop while waiting."""
@@ -92,10 +100,29 @@ def wait_for_database(dsn: str, connect_timeout: float, stop_event: threading.Ev
             if not warned:
                 emit("db_unreachable", logging.ERROR, worker_id=worker_id, pool=pool_name,
                      error=str(exc))
+                # Tell the supervisor this child is healthy but waiting: an outage must not
+                # count as a failure to boot and blow the pool's fuse.
+                channel.send("waiting_db", error=str(exc)[:500])
                 warned = True
             stop_event.wait(delay)
             delay = min(delay * 2, 10.0)
     return False
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def stop_with_parent(parent_pid: int) -> None:
+    """Have the kernel send SIGTERM when the supervisor dies, so no orphaned worker goes on
+    claiming work that no supervisor reaps, reloads or stops. Linux only; elsewhere, and if
+    the supervisor is already gone, the worker simply stops after its current task."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main(argv=None) -> int:
@@ -111,6 +138,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, request_stop)
     # Reload is the supervisor's business: it replaces children rather than reloading them.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if args.supervisor_pid is not None:
+        stop_with_parent(args.supervisor_pid)
     proctitle.worker_title(args.pool, args.slot, "booting")
     try:
         # The supervisor's snapshot of the file for this child's generation, not the file as it

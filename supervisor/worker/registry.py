@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from pathlib import Path
 from typing import Callable, Mapping
@@ -37,6 +38,12 @@ def load_handlers(path: Path, types: Mapping[str, str],
         function = getattr(module, function_name, None)
         if not callable(function):
             problems.append(f"{where}: module {module_name!r} has no function {function_name!r}")
+            continue
+        if inspect.iscoroutinefunction(function) or inspect.isgeneratorfunction(function) \
+                or inspect.isasyncgenfunction(function):
+            # Calling one runs none of its body: the task would be recorded COMPLETED unrun.
+            problems.append(f"{where}: {spec} is an async or generator function; a handler "
+                            "must be a plain function")
             continue
         handlers[task_type] = function
     if problems:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, ContextManager
@@ -26,6 +27,10 @@ class Task:
     _lost: threading.Event = field(default_factory=threading.Event, repr=False)
     _lost_reason: list[str] = field(default_factory=list, repr=False)
     _connection: Callable[[], ContextManager] | None = field(default=None, repr=False)
+    # When the lease runs out by this worker's monotonic clock unless a renewal lands first.
+    # Checked by is_cancelled() itself, so a renewal stuck on a stalled connection cannot
+    # keep the handler believing it still owns the task.
+    lease_expires_at: float = field(default=float("inf"), repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -35,9 +40,13 @@ class Task:
     def is_cancelled(self) -> bool:
         """True once the task is no longer ours to finish: cancelled, or its lease was lost.
 
-        The lease renewal finds this out, so it turns true within one renew interval.
-        A handler doing long work should check it at safe points and stop.
+        The lease renewal finds this out, so it turns true within one renew interval; and if
+        no renewal got through before the lease ran out by the worker's own clock, it is true
+        too, since another worker may own the task by then. A handler doing long work should
+        check it at safe points and stop.
         """
+        if not self._lost.is_set() and time.monotonic() >= self.lease_expires_at:
+            self.mark_lost("lease expired before a renewal got through")
         return self._lost.is_set()
 
     @property
@@ -45,7 +54,7 @@ class Task:
         return self._lost_reason[0] if self._lost_reason else None
 
     def raise_if_cancelled(self) -> None:
-        if self._lost.is_set():
+        if self.is_cancelled():
             raise TaskCancelled(self.cancel_reason or "cancelled")
 
     def connection(self) -> ContextManager:
