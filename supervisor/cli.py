@@ -130,8 +130,31 @@ def build_parser() -> argparse.ArgumentParser:
         "problem; exits 0 when all is well, 2 otherwise.",
         "pgtaskd check-config -c etc/pgtaskd.yaml")
 
+    bench = _command(
+        commands, "bench", "measure the throughput of a real daemon",
+        "Start a daemon with one pool of no-op workers, submit --tasks tasks at once, and time "
+        "how long the daemon takes to complete them. Prints each run and the median. Runs in "
+        "a schema of its own on the configured database, dropped afterwards.",
+        "pgtaskd bench -c etc/pgtaskd.yaml --tasks 20000 --processes 4 --runs 5")
+    bench.add_argument("--tasks", type=_positive_int, default=10000, metavar="N",
+                       help="tasks per run (default 10000)")
+    bench.add_argument("--processes", type=_positive_int, default=2, metavar="N",
+                       help="worker children (default 2)")
+    bench.add_argument("--runs", type=_positive_int, default=3, metavar="N",
+                       help="how many runs; the median is reported (default 3)")
+
     _add_task_commands(commands)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _add_task_commands(commands) -> None:

@@ -109,6 +109,13 @@ def cmd_worker(args, config: Config) -> int:
                           stop_event=stop_event)
 
 
+def cmd_bench(args, config: Config) -> int:
+    from .bench import run_bench
+
+    return run_bench(config, tasks=args.tasks, processes=args.processes, runs=args.runs,
+                     as_json=args.json)
+
+
 def cmd_run(args, config: Config) -> int:
     from .arbiter import Arbiter
 
