@@ -8,6 +8,7 @@ other's rows.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -26,6 +27,7 @@ sys.path.insert(0, str(TESTS_DIR))
 from pgcluster import ThrowawayPostgres  # noqa: E402
 
 from supervisor.config import parse_config  # noqa: E402
+from supervisor.db import store  # noqa: E402
 from supervisor.db.migrate import migrate  # noqa: E402
 
 TEMPLATE_DB = "pgtaskd_test_template"
@@ -79,26 +81,32 @@ def template_db(pg_admin_dsn):
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@contextlib.contextmanager
+def scratch_database(admin_dsn: str, prefix: str, template: str | None = None):
+    """A new database (a clone of ``template`` if given) for as long as the block runs."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    clone = f' TEMPLATE "{template}"' if template else ""
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"{clone}')
+    try:
+        yield dsn_for(admin_dsn, name)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
 def db_dsn(pg_admin_dsn, template_db):
     """A fresh, migrated database for one test; dropped afterwards."""
-    name = f"pgtaskd_t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield dsn_for(pg_admin_dsn, name)
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database(pg_admin_dsn, "pgtaskd_t", template_db) as dsn:
+        yield dsn
 
 
 @pytest.fixture
 def empty_db_dsn(pg_admin_dsn):
     """A fresh database without the schema, for migration tests."""
-    name = f"pgtaskd_e_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield dsn_for(pg_admin_dsn, name)
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database(pg_admin_dsn, "pgtaskd_e") as dsn:
+        yield dsn
 
 
 @pytest.fixture
@@ -131,6 +139,21 @@ def make_config(dsn: str | None = None, **tree):
 @pytest.fixture
 def config_for():
     return make_config
+
+
+def add_task(conn, task_id: str, task_type: str = "echo", payload: dict | None = None,
+             **fields) -> str:
+    """Insert a PENDING task through the store, as any client would."""
+    inserted = store.insert_task(conn, task_id=task_id, name=f"test {task_id}",
+                                 task_type=task_type, payload=payload or {}, **fields)
+    assert inserted, f"task {task_id} existed already"
+    return task_id
+
+
+def task_row(conn, task_id: str) -> dict:
+    row = store.get_task(conn, task_id)
+    assert row is not None, f"task {task_id} is gone"
+    return row
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, message: str = ""):

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 
-from conftest import dsn_for, make_config
+from conftest import make_config, scratch_database
 from supervisor import Client
 from supervisor.client import SubmittedId, TaskNotFound, TaskStateError
 from supervisor.db import store
@@ -33,12 +33,8 @@ def client(db_dsn):
 def untouched_dsn(pg_admin_dsn, template_db):
     """One database for the tests whose point is that nothing is written: cloning a database
     per case would cost more than the cases."""
-    name = f"pgtaskd_u_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield dsn_for(pg_admin_dsn, name)
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database(pg_admin_dsn, "pgtaskd_u", template_db) as dsn:
+        yield dsn
 
 
 @pytest.fixture

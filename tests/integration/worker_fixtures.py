@@ -15,24 +15,12 @@ import threading
 import pytest
 
 from conftest import make_config
-from supervisor.db import store
 from supervisor.logs import LOGGER_NAME
 from supervisor.worker.loop import Worker, open_pool
 from supervisor.worker.registry import load_handlers
 
 
-def add_task(conn, task_id: str, task_type: str = "echo", payload: dict | None = None,
-             **fields) -> str:
-    inserted = store.insert_task(conn, task_id=task_id, name=f"test {task_id}",
-                                 task_type=task_type, payload=payload or {}, **fields)
-    assert inserted, f"task {task_id} existed already"
-    return task_id
-
-
-def task_row(conn, task_id: str) -> dict:
-    row = store.get_task(conn, task_id)
-    assert row is not None, f"task {task_id} is gone"
-    return row
+from conftest import add_task, task_row  # noqa: E402,F401 - re-exported for the test modules
 
 
 def recorded_runs(conn, task_id: str | None = None) -> list[tuple]:

@@ -22,7 +22,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import TEST_HANDLERS, dsn_for, wait_until
+from conftest import TEST_HANDLERS, scratch_database, wait_until
 from supervisor import Client
 from supervisor.cli import parse_duration
 from supervisor.client import STATUSES
@@ -78,16 +78,11 @@ def write_config(tmp_path: Path, dsn: str | None = None, **tree) -> str:
 @pytest.fixture(scope="module")
 def shared_dsn(pg_admin_dsn, template_db):
     """One database for the many tests and examples that must leave it unchanged."""
-    name = f"pgtaskd_cli_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    dsn = dsn_for(pg_admin_dsn, name)
-    with Client(dsn) as client:
-        client.submit("echo", task_id="finished-task")
-        client.cancel("finished-task")
-    yield dsn
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database(pg_admin_dsn, "pgtaskd_cli", template_db) as dsn:
+        with Client(dsn) as client:
+            client.submit("echo", task_id="finished-task")
+            client.cancel("finished-task")
+        yield dsn
 
 
 @pytest.fixture

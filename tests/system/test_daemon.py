@@ -19,7 +19,6 @@ import pytest
 from conftest import wait_until
 from daemon import (HANDLER_TYPES, Daemon, cmdline, metric_sum, parse_ts, pid_alive)
 from pgcluster import ThrowawayPostgres, free_port
-from supervisor.db import store
 
 pytestmark = pytest.mark.slow
 
@@ -66,18 +65,7 @@ def own_postgres():
         server.destroy()
 
 
-def add_task(conn, task_id: str, task_type: str = "echo", payload: dict | None = None,
-             **fields) -> str:
-    inserted = store.insert_task(conn, task_id=task_id, name=f"system {task_id}",
-                                 task_type=task_type, payload=payload or {}, **fields)
-    assert inserted, f"task {task_id} existed already"
-    return task_id
-
-
-def task_row(conn, task_id: str) -> dict:
-    row = store.get_task(conn, task_id)
-    assert row is not None, f"task {task_id} is gone"
-    return row
+from conftest import add_task, task_row  # noqa: E402
 
 
 def statuses(conn, ids) -> dict[str, str]:
