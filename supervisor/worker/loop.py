@@ -52,14 +52,16 @@ def open_pool(dsn: str, *, connect_timeout: float, name: str, max_size: int = 3,
               application_name: str | None = None) -> ConnectionPool:
     """The child's connections: the loop, the lease thread and a handler borrow from it.
 
-    ``check`` tests a connection before lending it, so after a database restart the next
-    claim gets a fresh connection instead of failing once on a dead one.
+    No ``check`` before lending: testing every checkout costs a round trip, two per task.
+    A connection that died (a database restart) fails its next statement instead; the pool
+    drops it when it comes back broken, the loop logs one loop_error and the next claim gets
+    a fresh connection, and final writes retry on their own.
     """
     return ConnectionPool(
         with_options(dsn, application_name=(application_name or name)[:63],
                      connect_timeout=max(1, int(connect_timeout))),
         min_size=1, max_size=max_size, kwargs={"autocommit": True},
-        check=ConnectionPool.check_connection, timeout=connect_timeout, open=False, name=name,
+        timeout=connect_timeout, open=False, name=name,
         # Keep trying through a long outage: a worker has nothing better to do, and giving up
         # would leave it unable to claim after the database comes back.
         reconnect_timeout=RECONNECT_FOREVER,
