@@ -557,8 +557,10 @@ class Arbiter:
             except (psycopg.Error, OperationalError) as exc:
                 self._close_db()
                 # The lease will expire and the reaper will settle it if we never can.
+                # The first line is the error itself (a lock timeout, say); later ones are
+                # context.
                 emit("rescue_deferred", logging.WARNING, task_id=child.claim["task_id"],
-                     error=str(exc).strip().splitlines()[-1])
+                     error=str(exc).strip().splitlines()[0])
                 still.append((child, reason))
         self.pending_rescues = still
         self.rescue_failures = self.rescue_failures + 1 if still else 0

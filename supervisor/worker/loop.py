@@ -291,9 +291,14 @@ class AlreadyWritten:
         return True
 
 
+def _storable(text: str) -> str:
+    """Text PostgreSQL will take: no NUL, and lone surrogates (a non-UTF-8 file name from
+    os.listdir, say) escaped, so that the failure that carries them is still recorded."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _describe(exc: BaseException) -> str:
-    # PostgreSQL text cannot hold NUL; an error message carrying one must still be saved.
-    text = str(exc).replace("\x00", "\\x00").strip().splitlines()
+    text = _storable(str(exc)).strip().splitlines()
     return f"{type(exc).__name__}: {text[-1]}" if text else type(exc).__name__
 
 
@@ -303,4 +308,4 @@ def _with_origin(exc: BaseException, message: str) -> str:
     if not frames:
         return message
     last = frames[-1]
-    return f"{message} (at {last.filename}:{last.lineno} in {last.name})".replace("\x00", "\\x00")
+    return _storable(f"{message} (at {last.filename}:{last.lineno} in {last.name})")

@@ -63,13 +63,9 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: ChildCha
     if not wait_for_database(dsn, config.database.connect_timeout, stop_event, channel,
                              worker_id=worker_id, pool_name=pool_name):
         return EXIT_OK
-    name = f"pgtaskd {pool_name}#{slot}"
-    pool = open_pool(dsn, connect_timeout=config.database.connect_timeout, name=name)
-    lease_pool = open_pool(dsn, connect_timeout=config.database.connect_timeout,
-                           name=f"{name} lease", application_name=name, max_size=1)
+    pool, lease_pool = open_pools(dsn, config.database.connect_timeout,
+                                  f"pgtaskd {pool_name}#{slot}")
     try:
-        pool.open(wait=True, timeout=max(config.database.connect_timeout, 1.0))
-        lease_pool.open(wait=True, timeout=max(config.database.connect_timeout, 1.0))
         worker = Worker(config, pool=pool, handlers=handlers, worker_id=worker_id,
                         pool_name=pool_name, channel=channel, stop_event=stop_event,
                         lease_pool=lease_pool)
@@ -83,6 +79,25 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: ChildCha
         lease_pool.close()
         pool.close()
     return EXIT_OK
+
+
+def open_pools(dsn: str, connect_timeout: float, name: str, lease_dsn: str | None = None):
+    """A child's two pools, opened: one for the loop and its handler, one for renewals.
+
+    The lease pool holds two, not one: a renewal stuck on a connection that stopped answering
+    (and has not timed out yet) must not leave the child's next task unable to renew.
+    """
+    pool = open_pool(dsn, connect_timeout=connect_timeout, name=name)
+    lease_pool = open_pool(lease_dsn or dsn, connect_timeout=connect_timeout,
+                           name=f"{name} lease", application_name=name, max_size=2)
+    try:
+        pool.open(wait=True, timeout=max(connect_timeout, 1.0))
+        lease_pool.open(wait=True, timeout=max(connect_timeout, 1.0))
+    except Exception:
+        lease_pool.close()
+        pool.close()
+        raise
+    return pool, lease_pool
 
 
 def wait_for_database(dsn: str, connect_timeout: float, stop_event: threading.Event,

@@ -92,13 +92,16 @@ def make_worker(db_dsn):
     """Build an in-process Worker on the test database; its pool closes after the test."""
     pools = []
 
-    def build(config=None, *, worker_id: str = "worker-1", types=None, handlers=None) -> Worker:
+    def build(config=None, *, worker_id: str = "worker-1", types=None, handlers=None,
+              dsn: str | None = None) -> Worker:
+        """``dsn`` (default: the test database) is where the worker's connections go, e.g.
+        through a tests/tcpproxy.py proxy."""
         config = config or make_config(db_dsn)
         if handlers is None:
             handlers = load_handlers(config.handlers.path, config.handlers.types,
                                      only=tuple(types) if types is not None else None)
         # application_name starts with "pgtaskd", as a daemon's children's do.
-        pool = open_pool(db_dsn, connect_timeout=config.database.connect_timeout,
+        pool = open_pool(dsn or db_dsn, connect_timeout=config.database.connect_timeout,
                          name=f"pgtaskd test {worker_id}")
         pool.open(wait=True, timeout=10)
         pools.append(pool)

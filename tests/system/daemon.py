@@ -1,10 +1,11 @@
 """A real pgtaskd daemon for the system tests: a subprocess, its JSON log, its children.
 
 ``Daemon`` writes a YAML config into a test's tmp_path, starts ``python -m supervisor.cli run``
-in a new session (so the whole process tree shares one process group), sends stderr to a
-file, parses the JSON log lines as they come, waits for events with deadlines, sends real
-signals, and at teardown kills the whole tree: the process group, plus every child pid the
-log ever announced (worker_spawned) and every process whose parent is the supervisor.
+in a new session (a process group of its own; each worker child it starts leads another),
+sends stderr to a file, parses the JSON log lines as they come, waits for events with
+deadlines, sends real signals, and at teardown kills the whole tree: the supervisor's process
+group, plus every child pid the log ever announced (worker_spawned) and every process whose
+parent is the supervisor, each with its own process group (what its handler started).
 
 Nothing here is mocked: real processes, real signals, real PostgreSQL.
 """
@@ -149,12 +150,16 @@ class Daemon:
 
     # -- process ----------------------------------------------------------------------------
 
-    def start(self, *, wait_ready: bool = True, timeout: float = 30.0) -> "Daemon":
+    def start(self, *, wait_ready: bool = True, timeout: float = 30.0,
+              env: dict[str, str] | None = None) -> "Daemon":
+        """``env``: variables to add to the daemon's environment (e.g. NOTIFY_SOCKET)."""
         assert self.process is None, "started twice"
         self.write_config()
+        extra = env or {}
         env = {k: v for k, v in os.environ.items()
                if k not in ("PGTASKD_CONFIG", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID",
                             "RUNTIME_DIRECTORY", "PROMETHEUS_MULTIPROC_DIR")}
+        env.update(extra)
         env["PGTASKD_DSN"] = self.dsn
         # Edited handler code must never come from a stale .pyc written by an earlier child.
         env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -216,9 +221,19 @@ class Daemon:
         except (ProcessLookupError, PermissionError):
             pass
         for pid in candidates:
-            # A child could have left the group; kill it by pid if it is still one of ours.
+            # Each child leads a process group of its own (with whatever its handler started):
+            # kill the group, and the child by pid if it is still one of ours. A group whose
+            # leader is dead (gone, or a zombie) is what is left of our child: its pid cannot
+            # be reused while the group or the zombie exists.
             title = cmdline(pid)
-            if pid_alive(pid) and ("pgtaskd" in title or "supervisor.worker" in title):
+            stat = proc_stat(pid)
+            ours = pid_alive(pid) and ("pgtaskd" in title or "supervisor.worker" in title)
+            if ours or stat is None or stat["state"] == "Z":
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if ours:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
