@@ -64,6 +64,19 @@ def pg_admin_dsn():
         server.destroy()
 
 
+@pytest.fixture
+def own_postgres():
+    """A PostgreSQL server of this test's own, which the test may stop and start (never the
+    machine's server). Request it before a daemon fixture: it is torn down after them."""
+    server = ThrowawayPostgres()
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
 @pytest.fixture(scope="session")
 def template_db(pg_admin_dsn):
     """A database with the pgtaskd schema, cloned for each test (faster than migrating)."""

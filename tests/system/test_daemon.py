@@ -16,9 +16,9 @@ import time
 import psycopg
 import pytest
 
-from conftest import wait_until
+from conftest import add_task, task_row, wait_until
 from daemon import (HANDLER_TYPES, Daemon, cmdline, metric_sum, parse_ts, pid_alive)
-from pgcluster import ThrowawayPostgres, free_port
+from pgcluster import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -48,24 +48,6 @@ def start_daemon(tmp_path, db_dsn):
         print(daemon.log_tail(150))
 
 
-@pytest.fixture
-def own_postgres():
-    """A PostgreSQL server of this test's own, which the test may stop and start (never the
-    machine's server). Request it before start_daemon: it is torn down after the daemons.
-
-    Its data dir is not under tmp_path: any pytest session of this user that starts resets
-    pytest's temp root to mode 0700, which would lock the server's unprivileged user out of
-    its own files in the middle of the test (see pg_admin_dsn in tests/conftest.py)."""
-    server = ThrowawayPostgres()
-    try:
-        server.init()
-        server.start()
-        yield server
-    finally:
-        server.destroy()
-
-
-from conftest import add_task, task_row  # noqa: E402
 
 
 def statuses(conn, ids) -> dict[str, str]:

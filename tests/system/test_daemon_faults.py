@@ -26,7 +26,7 @@ import pytest
 
 from conftest import add_task, wait_until
 from daemon import HANDLER_TYPES, Daemon, cmdline, parse_ts, pid_alive
-from pgcluster import ThrowawayPostgres
+
 from supervisor.arbiter import BOOT_TIMEOUT
 from supervisor.db import store
 
@@ -259,18 +259,6 @@ def test_a_row_lock_on_a_dead_childs_task_does_not_freeze_the_supervisor(start_d
 
 
 # -- 7. a database outage longer than the boot timeout (slow) ---------------------------------
-
-
-@pytest.fixture
-def own_postgres():
-    """A PostgreSQL server of this test's own, which it stops and starts."""
-    server = ThrowawayPostgres()
-    try:
-        server.init()
-        server.start()
-        yield server
-    finally:
-        server.destroy()
 
 
 @pytest.mark.slow
