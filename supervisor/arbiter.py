@@ -532,7 +532,8 @@ class Arbiter:
         if child.generation != self.generation:
             # A child of a reload in progress: the reload fails as a whole, nothing restarts.
             if self.reload is not None and child.generation == self.reload.generation:
-                self.reload.failure = (f"new worker {child.label()} exited before booting "
+                when = "during the reload" if child.booted else "before booting"
+                self.reload.failure = (f"new worker {child.label()} exited {when} "
                                        f"({how}): {child.boot_error or 'see its log'}")
             return
         self.plan_restart(child, how, lived)
