@@ -53,8 +53,7 @@ STARTUP_DB_PATIENCE = 60.0
 LOOP_TICK = 0.5
 
 SIGNAL_NAMES = {signal.SIGHUP: "hup", signal.SIGTERM: "term", signal.SIGINT: "int",
-                signal.SIGQUIT: "quit", signal.SIGTTIN: "ttin", signal.SIGTTOU: "ttou",
-                signal.SIGCHLD: "chld"}
+                signal.SIGQUIT: "quit", signal.SIGTTIN: "ttin", signal.SIGTTOU: "ttou"}
 
 
 @dataclass
@@ -121,7 +120,6 @@ class Arbiter:
         self.next_rescue_at = 0.0
         self.rescue_failures = 0
         self.stopping: str | None = None  # "graceful" or "quick"
-        self.stop_deadline: float | None = None
         self.ready_sent = False
         self.dsn: str | None = None
         self._db: LazyConnection | None = None
@@ -326,11 +324,16 @@ class Arbiter:
         os.set_blocking(self._wake_r, False)
         for signum in SIGNAL_NAMES:
             signal.signal(signum, self.signal_handler)
+        # A child's exit only needs the loop awake: reap_children() finds it.
+        signal.signal(signal.SIGCHLD, lambda signum, frame: self.wake())
 
     def signal_handler(self, signum, frame) -> None:
         """Signal handler: NO LOGGING, just queue the signal and wake the loop."""
-        if signum != signal.SIGCHLD:
-            self.signal_queue.append(signum)
+        self.signal_queue.append(signum)
+        self.wake()
+
+    def wake(self) -> None:
+        """Make the loop's select() return now. Safe inside a signal handler."""
         try:
             os.write(self._wake_w, b"!")
         except (BlockingIOError, OSError):
@@ -368,9 +371,6 @@ class Arbiter:
         for name in self.targets:
             self.targets[name] = max(0, self.targets[name] - 1)
         emit("pools_resized", targets=dict(self.targets), signal="SIGTTOU")
-
-    def handle_chld(self) -> None:  # pragma: no cover - SIGCHLD is never queued
-        pass
 
     # -- children ---------------------------------------------------------------------------
 

@@ -446,7 +446,7 @@ class Client:
         """
         with self._database() as conn:
             rows = store.count_by_type_and_status(conn)
-            summary = store.queue_summary(conn)
+            summary = store.queue_health(conn)
         by_status = dict.fromkeys(STATUSES, 0)
         by_type: dict[str, dict[str, int]] = {}
         for row in rows:

@@ -199,8 +199,11 @@ ON CONFLICT (id) DO NOTHING
 RETURNING id;
 
 -- name: queue_health
--- One round trip for the health check and the queue gauges.
+-- One round trip for the health check, the queue gauges and `pgtaskd stats`.
+-- oldest_pending_age is NULL when no due task waits.
 SELECT
+    (SELECT count(*) FROM tasks WHERE status = 'PENDING' AND scheduled_time <= now())
+        AS due_pending,
     (SELECT count(*) FROM tasks
       WHERE status = 'PENDING' AND scheduled_time <= now() - (%(max_pending_age)s * interval '1 second'))
         AS old_pending,
@@ -210,7 +213,7 @@ SELECT
     (SELECT count(*) FROM tasks
       WHERE status = 'RUNNING' AND lease_until <= now() - (%(lease_grace)s * interval '1 second'))
         AS stuck_leases,
-    (SELECT coalesce(extract(epoch FROM now() - min(scheduled_time)), 0)::float8 FROM tasks
+    (SELECT extract(epoch FROM now() - min(scheduled_time))::float8 FROM tasks
       WHERE status = 'PENDING' AND scheduled_time <= now())
         AS oldest_pending_age;
 
@@ -269,15 +272,3 @@ SELECT task_type, status, count(*) AS count
 FROM tasks
 GROUP BY task_type, status
 ORDER BY task_type, status;
-
--- name: queue_summary
--- For `pgtaskd stats`: how long the oldest due task has waited (NULL when none waits) and how
--- many leases expired without the reaper having returned them yet.
-SELECT
-    (SELECT count(*) FROM tasks WHERE status = 'PENDING' AND scheduled_time <= now())
-        AS due_pending,
-    (SELECT extract(epoch FROM now() - min(scheduled_time))::float8 FROM tasks
-      WHERE status = 'PENDING' AND scheduled_time <= now())
-        AS oldest_pending_age,
-    (SELECT count(*) FROM tasks WHERE status = 'RUNNING' AND lease_until <= now())
-        AS expired_leases;

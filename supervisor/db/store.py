@@ -106,7 +106,9 @@ def insert_task(conn, *, task_id: str, name: str, task_type: str, payload: dict,
     }) is not None
 
 
-def queue_health(conn, *, max_pending_age: float, lease_grace: float) -> dict:
+def queue_health(conn, *, max_pending_age: float = 0.0, lease_grace: float = 0.0) -> dict:
+    """{due_pending, old_pending, expired_leases, stuck_leases, oldest_pending_age (seconds,
+    or None)}; old and stuck count against the given ages."""
     return _one(conn, "queue_health", {"max_pending_age": max_pending_age,
                                        "lease_grace": lease_grace})
 
@@ -142,8 +144,3 @@ def list_tasks(conn, *, status: str | None, task_type: str | None, limit: int) -
 def count_by_type_and_status(conn) -> list[dict]:
     """Rows of {task_type, status, count}, only for pairs that have tasks."""
     return _all(conn, "count_by_type_and_status", {})
-
-
-def queue_summary(conn) -> dict:
-    """{due_pending, oldest_pending_age (seconds, or None), expired_leases}."""
-    return _one(conn, "queue_summary", {})

@@ -98,7 +98,7 @@ class HealthChecker(PeriodicService):
         report = HealthReport(
             database_ok=True, old_pending=queue["old_pending"],
             expired_leases=queue["expired_leases"], stuck_leases=queue["stuck_leases"],
-            oldest_pending_age=queue["oldest_pending_age"], tasks_by_status=counts,
+            oldest_pending_age=queue["oldest_pending_age"] or 0.0, tasks_by_status=counts,
             children=self.children(),
         )
         with self._lock:

@@ -8,12 +8,7 @@ import os
 import signal
 import time
 
-
-def _record(task):
-    with task.connection() as conn:
-        conn.execute("INSERT INTO test_runs (task_id, worker_id, retry_count, pid) "
-                     "VALUES (%s, %s, %s, %s)",
-                     (task.id, task.worker_id, task.retry_count, os.getpid()))
+from basic import _record
 
 
 def suicide(task):
