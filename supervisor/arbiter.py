@@ -35,7 +35,7 @@ from .db import store
 from .db.connect import LazyConnection, redact_dsn
 from .db.migrate import migrate
 from .db.session import database_dsn
-from .errors import EXIT_FAILURE, EXIT_OK, ConfigError, OperationalError
+from .errors import EXIT_FAILURE, EXIT_OK, ConfigError, MigrationError, OperationalError
 from .logs import emit
 
 # A child that does not say "booted" within this long is killed and counts as a boot failure.
@@ -197,6 +197,8 @@ class Arbiter:
                     for migration in migrate(conn):
                         emit("migration_applied", version=migration.version, name=migration.name)
                 return True
+            except MigrationError:
+                raise
             except (OperationalError, psycopg.OperationalError) as exc:
                 self._close_db()
                 if any(s in self.signal_queue for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)):

@@ -16,6 +16,8 @@ import sys
 import textwrap
 from datetime import datetime
 
+import psycopg
+
 from .config import load_config
 from .errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError
 
@@ -260,6 +262,11 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     except OperationalError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except psycopg.Error as exc:
+        # Anything the database refused that no command anticipated: still one line.
+        text = str(exc).strip().splitlines()
+        print(f"error: PostgreSQL: {text[0] if text else type(exc).__name__}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130

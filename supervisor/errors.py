@@ -34,3 +34,8 @@ class UsageError(Exception):
 
 class OperationalError(Exception):
     """The operation could not be carried out (database down, task missing): exit 1."""
+
+
+class MigrationError(OperationalError):
+    """A migration failed on the database's content (a foreign ``tasks`` table, say):
+    waiting and retrying cannot help."""

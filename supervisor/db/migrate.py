@@ -12,6 +12,8 @@ from importlib import resources
 
 import psycopg
 
+from ..errors import MigrationError
+
 # An arbitrary constant shared by every pgtaskd process: "pgtaskd" read as ASCII digits.
 MIGRATION_LOCK_KEY = 7_071_164_753_107_100
 
@@ -54,7 +56,12 @@ def migrate(conn: psycopg.Connection) -> list[Migration]:
         for migration in available_migrations():
             if migration.version in done:
                 continue
-            conn.execute(migration.sql)
+            try:
+                conn.execute(migration.sql)
+            except (psycopg.ProgrammingError, psycopg.DataError, psycopg.IntegrityError) as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                raise MigrationError(f"migration {migration.version:04d}_{migration.name} "
+                                     f"failed: {first}") from None
             conn.execute("INSERT INTO pgtaskd_schema_migrations (version, name) VALUES (%s, %s)",
                          (migration.version, migration.name))
             applied_now.append(migration)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import psycopg
@@ -93,3 +96,21 @@ def test_negative_retry_counts_are_rejected(conn):
     with pytest.raises(psycopg.errors.CheckViolation, match="tasks_max_retries_check"):
         conn.execute("INSERT INTO tasks (id, name, task_type, payload, max_retries) "
                      "VALUES ('t1', 'n', 'echo', '{}', -1)")
+
+
+def test_a_migration_that_the_database_refuses_is_one_line_and_applies_nothing(empty_db_dsn):
+    # Someone else's "tasks" table is in the way: no traceback, exit 1, and the whole
+    # migration transaction rolled back (no pgtaskd objects left behind).
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE tasks (x int)")
+    result = subprocess.run([sys.executable, "-m", "supervisor.cli", "migrate"],
+                            env={**os.environ, "PGTASKD_DSN": empty_db_dsn},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        'error: migration 0001_tasks failed: relation "tasks" already exists']
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        leftovers = conn.execute(
+            "SELECT to_regclass('pgtaskd_schema_migrations'), "
+            "to_regclass('pgtaskd_lease_token_seq')").fetchone()
+    assert leftovers == (None, None)
