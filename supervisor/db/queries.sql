@@ -6,69 +6,163 @@
 -- release, rescue, reap, an operator's retry) clears it, so a worker that retried a final
 -- write after a dropped connection can tell its own landed write from someone else's.
 
--- name: claim_task
--- The seed's claim, limited to the task types this worker can run. A RUNNING task whose lease
--- expired was abandoned by a worker that stopped: taking it over counts that lost run as a
--- failed attempt, and once the retries are spent it is left to the reaper to mark FAILED.
-WITH claimable_task AS (
-    SELECT id
-    FROM tasks
-    WHERE scheduled_time <= now()
-      AND (
-        status = 'PENDING'
-        OR (
-          status = 'RUNNING'
-          AND (lease_until IS NULL OR lease_until <= now())
-          AND retry_count < max_retries
-        )
-      )
-      AND task_type = ANY(%(task_types)s::text[])
-    ORDER BY priority DESC, scheduled_time ASC, created_at ASC
+-- name: complete_and_claim
+-- The worker's loop in one statement, one round trip and one commit: record the completions
+-- of the tasks it just ran, then claim up to %(limit)s due tasks of its types. With no
+-- completions it is the claim alone; with no types and a limit of 0, the completions alone.
+--
+-- done: each completion conditioned on its owner and its own fencing token (found by primary
+--   key, matched to its token by its place in the arrays). The token stays on the row, so a
+--   worker that retries after a lost answer can tell its own landed write from a loss.
+-- levels: the priority levels that hold PENDING tasks of these types, highest first, one
+--   index probe per type and level (a loose index scan), read only as far as needed.
+-- pending: each level's due tasks in the seed's order (scheduled_time, created_at), locked
+--   with SKIP LOCKED as they are read. Future tasks, other types' tasks, RUNNING and finished
+--   rows are never read row by row, so the claim costs the same whatever the table holds.
+-- expired: RUNNING tasks whose lease ran out, which the seed's claim takes over too (through
+--   the lease index, which holds only RUNNING rows). Taking one over counts the lost run as a
+--   failed attempt; with its retries spent it is left to the reaper to mark FAILED. Never a
+--   task that done completes in this very statement.
+-- chosen: both in the seed's order: priority DESC, scheduled_time, created_at.
+-- Rows are always reached by primary key (id = ANY(ARRAY(...))): the plan is prepared once
+-- per connection, and a generic plan that joins instead may read the whole table.
+-- Rows come back with completed = true (one per landed token) or false (a claimed task, its
+-- payload as text and infinite timestamps as NULL, so that whatever a client stored the
+-- worker decodes it itself and can fail the task cleanly; position is the order to run in).
+WITH RECURSIVE
+done AS (
+    UPDATE tasks AS t
+    SET
+        status = 'COMPLETED',
+        claimed_by = NULL,
+        lease_until = NULL,
+        error_message = NULL,
+        finished_at = now(),
+        updated_at = now()
+    WHERE t.id = ANY(%(done_ids)s::text[])
+      AND t.status = 'RUNNING'
+      AND t.claimed_by = %(worker_id)s
+      AND t.lease_token = (%(done_tokens)s::bigint[])[array_position(%(done_ids)s::text[], t.id)]
+    RETURNING t.lease_token
+),
+levels(priority) AS (
+    SELECT max(top.priority)
+    FROM unnest(%(task_types)s::text[]) AS wanted(task_type)
+    CROSS JOIN LATERAL (
+        SELECT t.priority FROM tasks AS t
+        WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
+        ORDER BY t.priority DESC
+        LIMIT 1) AS top
+  UNION ALL
+    SELECT (SELECT max(top.priority)
+            FROM unnest(%(task_types)s::text[]) AS wanted(task_type)
+            CROSS JOIN LATERAL (
+                SELECT t.priority FROM tasks AS t
+                WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
+                  AND t.priority < levels.priority
+                ORDER BY t.priority DESC
+                LIMIT 1) AS top)
+    FROM levels
+    WHERE levels.priority IS NOT NULL
+),
+pending AS (
+    SELECT due.id
+    FROM levels
+    CROSS JOIN LATERAL (
+        SELECT level_rows.id, level_rows.scheduled_time, level_rows.created_at
+        FROM unnest(%(task_types)s::text[]) AS wanted(task_type)
+        CROSS JOIN LATERAL (
+            SELECT t.id, t.scheduled_time, t.created_at FROM tasks AS t
+            WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
+              AND t.priority = levels.priority AND t.scheduled_time <= now()
+            ORDER BY t.scheduled_time, t.created_at
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED) AS level_rows
+        ORDER BY level_rows.scheduled_time, level_rows.created_at
+        LIMIT %(limit)s) AS due
+    WHERE levels.priority IS NOT NULL
+    LIMIT %(limit)s
+),
+expired AS (
+    SELECT t.id FROM tasks AS t
+    WHERE t.status = 'RUNNING'
+      AND t.lease_until <= now()
+      AND t.task_type = ANY(%(task_types)s::text[])
+      AND t.retry_count < t.max_retries
+      AND NOT t.id = ANY(%(done_ids)s::text[])
+    ORDER BY t.lease_until
+    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-    LIMIT 1
+),
+chosen AS (
+    SELECT t.id FROM tasks AS t
+    WHERE t.id = ANY(ARRAY(SELECT id FROM pending UNION ALL SELECT id FROM expired))
+    ORDER BY t.priority DESC, t.scheduled_time, t.created_at
+    LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE tasks AS t
+    SET
+        status = 'RUNNING',
+        claimed_by = %(worker_id)s,
+        lease_until = now() + (%(lease_seconds)s * interval '1 second'),
+        lease_token = nextval('pgtaskd_lease_token_seq'),
+        retry_count = CASE WHEN t.status = 'RUNNING' THEN t.retry_count + 1 ELSE t.retry_count END,
+        error_message = CASE WHEN t.status = 'RUNNING'
+                             THEN 'lease of worker ' || coalesce(t.claimed_by, '?') || ' expired'
+                             ELSE t.error_message END,
+        attempts = t.attempts + 1,
+        started_at = now(),
+        updated_at = now()
+    WHERE t.id = ANY(ARRAY(SELECT id FROM chosen))
+    RETURNING t.*
 )
+SELECT TRUE AS completed, NULL::text AS id, NULL::text AS name, NULL::text AS task_type,
+       NULL::text AS payload, NULL::integer AS priority, NULL::integer AS retry_count,
+       NULL::integer AS max_retries, NULL::integer AS attempts, done.lease_token,
+       NULL::timestamptz AS scheduled_time, NULL::timestamptz AS created_at,
+       NULL::bigint AS position
+FROM done
+UNION ALL
+SELECT FALSE, c.id, c.name, c.task_type, c.payload::text, c.priority, c.retry_count,
+       c.max_retries, c.attempts, c.lease_token,
+       CASE WHEN isfinite(c.scheduled_time) THEN c.scheduled_time END,
+       CASE WHEN isfinite(c.created_at) THEN c.created_at END,
+       row_number() OVER (ORDER BY c.priority DESC, c.scheduled_time, c.created_at)
+FROM claimed AS c;
+
+-- name: renew_leases
+-- One statement renews every lease a daemon's children hold. Each row is conditioned on its
+-- owner and its fencing token; a claim missing from the answer is lost. Rows are found by
+-- primary key, each matched to its own token and owner by its place in the arrays.
 UPDATE tasks AS t
 SET
-    status = 'RUNNING',
-    claimed_by = %(worker_id)s,
-    lease_until = now() + (%(lease_seconds)s * interval '1 second'),
-    lease_token = nextval('pgtaskd_lease_token_seq'),
-    retry_count = CASE WHEN t.status = 'RUNNING' THEN t.retry_count + 1 ELSE t.retry_count END,
-    error_message = CASE WHEN t.status = 'RUNNING'
-                         THEN 'lease of worker ' || coalesce(t.claimed_by, '?') || ' expired'
-                         ELSE t.error_message END,
-    attempts = t.attempts + 1,
-    started_at = now(),
-    updated_at = now()
-FROM claimable_task
-WHERE t.id = claimable_task.id
-RETURNING t.*;
-
--- name: renew_lease
-UPDATE tasks
-SET
     lease_until = now() + (%(lease_seconds)s * interval '1 second'),
     updated_at = now()
-WHERE id = %(task_id)s
-  AND status = 'RUNNING'
-  AND claimed_by = %(worker_id)s
-  AND lease_token = %(token)s
-RETURNING lease_until;
+WHERE t.id = ANY(%(ids)s::text[])
+  AND t.status = 'RUNNING'
+  AND t.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::text[], t.id)]
+  AND t.claimed_by = (%(workers)s::text[])[array_position(%(ids)s::text[], t.id)]
+RETURNING t.lease_token;
 
--- name: complete_task
-UPDATE tasks
+-- name: claim_states
+-- Why claims were lost: what their tasks are now.
+SELECT id, status, lease_token FROM tasks WHERE id = ANY(%(ids)s::text[]);
+
+-- name: release_tasks
+-- Give claims back without spending a retry: a stopping daemon, or tasks of a batch that
+-- would wait too long behind a slow handler. Conditioned on each claim's token.
+UPDATE tasks AS t
 SET
-    status = 'COMPLETED',
+    status = 'PENDING',
     claimed_by = NULL,
+    lease_token = NULL,
     lease_until = NULL,
-    error_message = NULL,
-    finished_at = now(),
     updated_at = now()
-WHERE id = %(task_id)s
-  AND status = 'RUNNING'
-  AND claimed_by = %(worker_id)s
-  AND lease_token = %(token)s
-RETURNING status, retry_count;
+WHERE t.id = ANY(%(ids)s::text[])
+  AND t.status = 'RUNNING'
+  AND t.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::text[], t.id)]
+RETURNING t.id;
 
 -- name: fail_attempt
 -- A failed run: back to PENDING after the backoff, or FAILED once max_retries retries were
@@ -94,22 +188,9 @@ WHERE t.id = %(task_id)s
   AND t.claimed_by = %(worker_id)s
   AND t.lease_token = %(token)s
 RETURNING t.status, t.retry_count,
-          greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8 AS retry_delay;
-
--- name: release_task
--- Give a claimed task back without spending a retry: the daemon is stopping, not the task
--- failing. Conditioned on the token like every owner write.
-UPDATE tasks
-SET
-    status = 'PENDING',
-    claimed_by = NULL,
-    lease_token = NULL,
-    lease_until = NULL,
-    updated_at = now()
-WHERE id = %(task_id)s
-  AND status = 'RUNNING'
-  AND lease_token = %(token)s
-RETURNING status;
+          CASE WHEN t.status = 'PENDING'
+               THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
+          END AS retry_delay;
 
 -- name: rescue_task
 -- The supervisor saw the child holding this claim die: the run counts as a failed attempt at
@@ -134,7 +215,9 @@ WHERE t.id = %(task_id)s
   AND t.status = 'RUNNING'
   AND t.lease_token = %(token)s
 RETURNING t.id, t.task_type, t.status, t.retry_count,
-          greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8 AS retry_delay;
+          CASE WHEN t.status = 'PENDING'
+               THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
+          END AS retry_delay;
 
 -- name: reap_expired_leases
 -- Tasks whose owner stopped renewing (a worker of any daemon that died or was cut off). Safe
@@ -169,7 +252,9 @@ WHERE t.id = expired.id
   AND t.status = 'RUNNING'
   AND t.lease_until <= now()
 RETURNING t.id, t.task_type, t.status, t.retry_count, t.error_message,
-          greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8 AS retry_delay;
+          CASE WHEN t.status = 'PENDING'
+               THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
+          END AS retry_delay;
 
 -- name: cancel_task
 UPDATE tasks
@@ -272,3 +357,9 @@ SELECT task_type, status, count(*) AS count
 FROM tasks
 GROUP BY task_type, status
 ORDER BY task_type, status;
+
+-- name: tasks_schema
+-- The schema of the tasks table this connection's search_path finds.
+SELECT n.nspname AS schema
+FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE c.oid = 'tasks'::regclass;

@@ -8,7 +8,7 @@ never see SQL.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import psycopg
 from psycopg.rows import dict_row
@@ -42,22 +42,66 @@ def _backoff(retry: RetryConfig) -> dict[str, float]:
     return {"base_delay": retry.base_delay, "max_delay": retry.max_delay, "jitter": retry.jitter}
 
 
+def complete_and_claim(conn, completions: Sequence[Claim], *, worker_id: str,
+                       task_types: Iterable[str], lease_seconds: float,
+                       limit: int) -> tuple[set[int], list[dict]]:
+    """Record these completions (all of ``worker_id``) and claim up to ``limit`` due tasks
+    of these types, in one transaction: the tokens whose completion landed, and the claimed
+    rows in the order to run them, each with ``payload`` as JSON text (the caller decodes
+    it) and its own ``lease_token``."""
+    rows = _all(conn, "complete_and_claim", {
+        "worker_id": worker_id, "done_ids": [c.task_id for c in completions],
+        "done_tokens": [c.token for c in completions], "task_types": list(task_types),
+        "lease_seconds": lease_seconds, "limit": limit})
+    landed = {row["lease_token"] for row in rows if row["completed"]}
+    claimed = sorted((row for row in rows if not row["completed"]), key=lambda r: r["position"])
+    return landed, claimed
+
+
+def claim_tasks(conn, *, worker_id: str, task_types: Iterable[str], lease_seconds: float,
+                limit: int = 1) -> list[dict]:
+    """Claim up to ``limit`` due tasks of these types, in the order to run them."""
+    return complete_and_claim(conn, (), worker_id=worker_id, task_types=task_types,
+                              lease_seconds=lease_seconds, limit=limit)[1]
+
+
 def claim_task(conn, *, worker_id: str, task_types: Iterable[str],
                lease_seconds: float) -> dict | None:
-    """Claim the most urgent due task of these types, or None. Commits on return."""
-    return _one(conn, "claim_task", {"worker_id": worker_id, "task_types": list(task_types),
-                                     "lease_seconds": lease_seconds})
+    """Claim the most urgent due task of these types and return its whole row, or None:
+    the seed's one-at-a-time claim, for tools and tests (the worker uses claim_tasks)."""
+    rows = claim_tasks(conn, worker_id=worker_id, task_types=task_types,
+                       lease_seconds=lease_seconds, limit=1)
+    return get_task(conn, rows[0]["id"]) if rows else None
 
 
-def renew_lease(conn, claim: Claim, *, lease_seconds: float) -> bool:
-    """Extend the lease; False means the claim is lost (cancelled, or taken over)."""
-    return _one(conn, "renew_lease", {"task_id": claim.task_id, "worker_id": claim.worker_id,
-                                      "token": claim.token, "lease_seconds": lease_seconds}) is not None
+def complete_tasks(conn, claims: Sequence[Claim]) -> set[int]:
+    """Mark these claims COMPLETED (all of one worker); the tokens whose write landed."""
+    if not claims:
+        return set()
+    return complete_and_claim(conn, claims, worker_id=claims[0].worker_id, task_types=(),
+                              lease_seconds=0, limit=0)[0]
 
 
 def complete_task(conn, claim: Claim) -> bool:
-    return _one(conn, "complete_task", {"task_id": claim.task_id, "worker_id": claim.worker_id,
-                                        "token": claim.token}) is not None
+    return claim.token in complete_tasks(conn, [claim])
+
+
+def renew_leases(conn, claims: Sequence[Claim], *, lease_seconds: float) -> set[int]:
+    """Extend these leases in one statement; the tokens of those still held."""
+    rows = _all(conn, "renew_leases", {
+        "ids": [c.task_id for c in claims], "tokens": [c.token for c in claims],
+        "workers": [c.worker_id for c in claims], "lease_seconds": lease_seconds})
+    return {row["lease_token"] for row in rows}
+
+
+def renew_lease(conn, claim: Claim, *, lease_seconds: float) -> bool:
+    """Extend one lease; False means the claim is lost (cancelled, or taken over)."""
+    return claim.token in renew_leases(conn, [claim], lease_seconds=lease_seconds)
+
+
+def claim_states(conn, task_ids: Iterable[str]) -> dict[str, dict]:
+    """task id -> {status, lease_token} of those that still exist."""
+    return {row["id"]: row for row in _all(conn, "claim_states", {"ids": list(task_ids)})}
 
 
 def fail_attempt(conn, claim: Claim, *, error: str, permanent: bool,
@@ -68,9 +112,19 @@ def fail_attempt(conn, claim: Claim, *, error: str, permanent: bool,
                                        "permanent": permanent, **_backoff(retry)})
 
 
+def release_tasks(conn, claims: Sequence[tuple[str, int]]) -> set[str]:
+    """Back to PENDING without spending a retry; the ids released. ``claims`` are
+    (task_id, token) pairs."""
+    if not claims:
+        return set()
+    rows = _all(conn, "release_tasks", {"ids": [c[0] for c in claims],
+                                        "tokens": [c[1] for c in claims]})
+    return {row["id"] for row in rows}
+
+
 def release_task(conn, task_id: str, token: int) -> bool:
     """Back to PENDING without spending a retry (a stopping daemon, not a failing task)."""
-    return _one(conn, "release_task", {"task_id": task_id, "token": token}) is not None
+    return bool(release_tasks(conn, [(task_id, token)]))
 
 
 def rescue_task(conn, task_id: str, token: int, *, error: str,
@@ -144,3 +198,8 @@ def list_tasks(conn, *, status: str | None, task_type: str | None, limit: int) -
 def count_by_type_and_status(conn) -> list[dict]:
     """Rows of {task_type, status, count}, only for pairs that have tasks."""
     return _all(conn, "count_by_type_and_status", {})
+
+
+def tasks_schema(conn) -> str:
+    """The schema of the ``tasks`` table this connection uses."""
+    return _one(conn, "tasks_schema", {})["schema"]

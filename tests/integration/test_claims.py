@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import psycopg
+import pytest
 
 from supervisor.db import store
-from supervisor.db.queries import QUERIES
 from worker_fixtures import add_task, task_row
 
 CLAIMERS = 16
@@ -122,39 +121,67 @@ def test_concurrent_claimers_split_the_tasks_without_duplicates(conn, db_dsn):
     assert owners == {row["id"]: worker_id for worker_id, row in claimed}
 
 
-def _plan_nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _plan_nodes(child)
+def test_concurrent_batch_claimers_split_the_tasks_without_duplicates(conn, db_dsn):
+    total = 1000
+    conn.execute("INSERT INTO tasks (id, name, task_type, payload, priority) "
+                 "SELECT 't' || g, 'n', CASE WHEN g %% 2 = 0 THEN 'echo' ELSE 'fail' END, '{}', "
+                 "g %% 3 FROM generate_series(1, %s) g", (total,))
+
+    def claim_all(c, worker_id, _round):
+        batches = []
+        while rows := store.claim_tasks(c, worker_id=worker_id, task_types=["echo", "fail"],
+                                        lease_seconds=30, limit=7):
+            batches.append(rows)
+        return batches
+
+    results = _race(db_dsn, 1, claim_all)
+
+    rows = [row for _, _, batches in results for batch in batches for row in batch]
+    ids = [row["id"] for row in rows]
+    assert len(ids) == len(set(ids)) == total, "a task was claimed twice or not at all"
+    assert len({row["lease_token"] for row in rows}) == total
+    for _, _, batches in results:
+        for batch in batches:
+            assert len(batch) <= 7
+            order = [(-row["priority"], row["scheduled_time"], row["created_at"]) for row in batch]
+            assert order == sorted(order), "a batch is not in the order its tasks should run"
 
 
-def test_claim_is_served_by_the_partial_index_without_sorting(conn):
-    pending, finished = 50_000, 50_000
-    conn.execute("INSERT INTO tasks (id, name, task_type, payload, priority, scheduled_time) "
-                 "SELECT 'p' || g, 'n', 'echo', '{}', g %% 10, now() - g * interval '1 second' "
-                 "FROM generate_series(1, %s) g", (pending,))
-    # Finished rows are most of a real table; the partial index must leave them out.
-    conn.execute("INSERT INTO tasks (id, name, task_type, payload, status) "
-                 "SELECT 'c' || g, 'n', 'echo', '{}', 'COMPLETED' "
-                 "FROM generate_series(1, %s) g", (finished,))
-    conn.execute("ANALYZE tasks")
-    params = {"worker_id": "worker-a", "task_types": ["echo"], "lease_seconds": 30}
+def test_a_batch_takes_the_most_urgent_tasks_across_types_and_levels(conn):
+    for task_id, task_type, priority in [("low-echo", "echo", 0), ("high-fail", "fail", 5),
+                                         ("mid-echo", "echo", 3), ("other", "mystery", 9),
+                                         ("mid-fail", "fail", 3)]:
+        add_task(conn, task_id, task_type, priority=priority)
+    rows = store.claim_tasks(conn, worker_id="worker-a", task_types=["echo", "fail"],
+                             lease_seconds=30, limit=4)
+    assert [row["id"] for row in rows][:1] == ["high-fail"]
+    assert {row["id"] for row in rows[1:3]} == {"mid-echo", "mid-fail"}
+    assert [row["id"] for row in rows][3:] == ["low-echo"]
+    assert task_row(conn, "other")["status"] == "PENDING"
 
-    plan = conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES["claim_task"], params).fetchone()[0]
-    nodes = list(_plan_nodes(plan[0]["Plan"]))
-    scans = [(n["Node Type"], n.get("Index Name")) for n in nodes
-             if n.get("Relation Name") == "tasks"]
-    assert ("Index Scan", "tasks_claim_order_idx") in scans, scans
-    assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], \
-        "the claim sorts instead of reading the index in order"
-    assert ("Seq Scan", None) not in scans, scans
 
-    started = time.perf_counter()
-    row = claim(conn, "worker-a")
-    elapsed_ms = (time.perf_counter() - started) * 1000
-    print(f"\nclaim over {pending} pending + {finished} finished rows: {elapsed_ms:.2f} ms")
-    # The most urgent task: priority 9, scheduled longest ago.
-    assert (row["id"], row["priority"]) == ("p49999", 9)
+def test_completions_and_the_next_claim_commit_together_or_not_at_all(conn):
+    add_task(conn, "t1")
+    add_task(conn, "t2")
+    first = store.claim_tasks(conn, worker_id="w", task_types=["echo"], lease_seconds=30)[0]
+    done = [store.Claim("t1", "w", first["lease_token"])]
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        with conn.transaction():
+            store.complete_and_claim(conn, done, worker_id="w", task_types=["echo"],
+                                     lease_seconds=30, limit=1)
+            conn.execute("SELECT 1 / 0")
+    assert (task_row(conn, "t1")["status"], task_row(conn, "t2")["status"]) == \
+        ("RUNNING", "PENDING")
+    landed, rows = store.complete_and_claim(conn, done, worker_id="w", task_types=["echo"],
+                                            lease_seconds=30, limit=1)
+    assert landed == {first["lease_token"]} and [row["id"] for row in rows] == ["t2"]
+    assert (task_row(conn, "t1")["status"], task_row(conn, "t2")["status"]) == \
+        ("COMPLETED", "RUNNING")
+    # A completion of another worker's claim, or of a stale token, lands nowhere.
+    assert store.complete_and_claim(conn, [store.Claim("t2", "intruder", rows[0]["lease_token"])],
+                                    worker_id="intruder", task_types=[], lease_seconds=30,
+                                    limit=0) == (set(), [])
+    assert task_row(conn, "t2")["status"] == "RUNNING"
 
 
 def test_claim_takes_only_due_tasks_of_the_given_types(conn):

@@ -1,0 +1,123 @@
+"""The claim, the reaper and the health check cost the same whatever else the table holds.
+
+Each test fills the table with rows a query must not read (finished tasks, tasks due in the
+future at a higher priority, RUNNING tasks under live leases, due tasks of types the worker
+does not run), then four times as many, and counts the buffers the query touches each time.
+Buffers, not time: a shared machine's timings prove nothing, but a query that reads rows one
+by one reads pages in proportion, while a flat one reads the same few (a deeper B-tree adds a
+page per lookup, no more). Every measured statement runs in a transaction that is rolled back,
+twice (the first run also reads the catalog).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.db.queries import QUERIES
+
+# A skew this large reads hundreds of pages when a query walks it row by row (20,000 index
+# entries fill about 80 index pages and 300 heap pages); a flat query reads a handful more.
+SKEW = 20_000
+# What the first SKEW rows may add: one more B-tree level for each row the query looks up or
+# writes (the pkey, the indexes of the new row versions), and the statistics' new plan.
+LEVEL_MARGIN = 10
+PER_ROW_MARGIN = 6
+# What the next 3 x SKEW rows may add: again a B-tree level per row looked up or written at
+# most, nothing in proportion to them (a walk over 60,000 more index entries reads 200 pages
+# or more).
+GROWTH_MARGIN = 10
+PER_ROW_GROWTH = 4
+
+
+def buffers(conn, name: str, params: dict) -> int:
+    """Shared buffers (hit + read) touched by running the named query once."""
+    total = None
+    for _ in range(2):
+        with conn.transaction(force_rollback=True):
+            plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[name],
+                                params).fetchone()[0][0]
+        total = plan["Plan"].get("Shared Hit Blocks", 0) + plan["Plan"].get("Shared Read Blocks", 0)
+    return total
+
+
+def claim_params(limit: int = 1, types=("echo",)) -> dict:
+    return {"worker_id": "worker-a", "done_ids": [], "done_tokens": [],
+            "task_types": list(types), "lease_seconds": 30, "limit": limit}
+
+
+def add_due(conn, count: int, task_type: str = "echo", priority: int = 0, prefix: str = "due"):
+    conn.execute("INSERT INTO tasks (id, name, task_type, priority, scheduled_time) "
+                 "SELECT %s || g, 'n', %s, %s, now() - g * interval '1 millisecond' "
+                 "FROM generate_series(1, %s) g", (prefix, task_type, priority, count))
+
+
+SKEWS = {
+    "finished": "INSERT INTO tasks (id, name, task_type, status, finished_at) "
+                "SELECT 'done' || g, 'n', 'echo', 'COMPLETED', now() "
+                "FROM generate_series(%(from)s::int, %(n)s::int) g",
+    "future_higher_priority": "INSERT INTO tasks (id, name, task_type, priority, scheduled_time) "
+                              "SELECT 'future' || g, 'n', 'echo', 5, now() + g * interval '1 s' "
+                              "FROM generate_series(%(from)s::int, %(n)s::int) g",
+    "running_live_leases": "INSERT INTO tasks (id, name, task_type, priority, status, claimed_by, "
+                           "lease_until, lease_token) "
+                           "SELECT 'running' || g, 'n', 'echo', 9, 'RUNNING', 'w', "
+                           "now() + interval '1 hour', g FROM generate_series(%(from)s::int, %(n)s::int) g",
+    "other_types_due": "INSERT INTO tasks (id, name, task_type, priority) "
+                       "SELECT 'other' || g, 'n', 'other' || (g %% 20), 9 "
+                       "FROM generate_series(%(from)s::int, %(n)s::int) g",
+}
+
+
+def skewed_buffers(conn, skew: str, name: str, params: dict) -> tuple[int, int, int]:
+    """Buffers of the query on the table as it is, with SKEW rows of ``skew``, with 4 x SKEW."""
+    conn.execute("ANALYZE tasks")
+    flat = buffers(conn, name, params)
+    conn.execute(SKEWS[skew], {"n": SKEW, "from": 1})
+    conn.execute("ANALYZE tasks")
+    once = buffers(conn, name, params)
+    conn.execute(SKEWS[skew], {"n": 4 * SKEW, "from": SKEW + 1})
+    conn.execute("ANALYZE tasks")
+    four_times = buffers(conn, name, params)
+    print(f"\n{name}: {flat} buffers on its own work, {once} with {SKEW:,} rows of {skew}, "
+          f"{four_times} with {4 * SKEW:,}")
+    return flat, once, four_times
+
+
+def assert_flat(measured: tuple[int, int, int], rows_touched: int) -> None:
+    flat, once, four_times = measured
+    assert once <= flat + LEVEL_MARGIN + PER_ROW_MARGIN * rows_touched, measured
+    assert four_times <= once + GROWTH_MARGIN + PER_ROW_GROWTH * rows_touched, measured
+
+
+@pytest.mark.parametrize("skew", sorted(SKEWS))
+@pytest.mark.parametrize("limit", [1, 10])
+def test_the_claim_reads_no_more_on_a_skewed_table(conn, skew, limit):
+    add_due(conn, 50)
+    assert_flat(skewed_buffers(conn, skew, "complete_and_claim", claim_params(limit)), limit)
+
+
+def test_the_claim_still_finds_due_work_below_a_future_priority_level(conn):
+    """The skews above must not hide work either: the claim takes the due task of the highest
+    priority that has any, however many future tasks sit above it."""
+    conn.execute(SKEWS["future_higher_priority"], {"n": SKEW, "from": 1})
+    add_due(conn, 3, priority=1, prefix="mid")
+    add_due(conn, 3, priority=0, prefix="low")
+    row = conn.execute(QUERIES["complete_and_claim"], claim_params(limit=4)).fetchall()
+    claimed = sorted((r[12], r[1]) for r in row if not r[0])
+    assert [task_id for _, task_id in claimed] == ["mid3", "mid2", "mid1", "low3"]
+
+
+@pytest.mark.parametrize("skew", ["finished", "future_higher_priority", "running_live_leases"])
+def test_the_reaper_reads_no_more_with_live_leases_and_finished_rows(conn, skew):
+    params = {"batch_size": 100, "base_delay": 0.0, "max_delay": 0.0, "jitter": 0.0}
+    conn.execute("INSERT INTO tasks (id, name, task_type, status, claimed_by, lease_until, "
+                 "lease_token) SELECT 'expired' || g, 'n', 'echo', 'RUNNING', 'w', "
+                 "now() - interval '1 minute', -g FROM generate_series(1, 5) g")
+    assert_flat(skewed_buffers(conn, skew, "reap_expired_leases", params), 5)
+
+
+@pytest.mark.parametrize("skew", ["finished", "future_higher_priority", "running_live_leases"])
+def test_the_health_check_reads_no_more_with_future_running_and_finished_rows(conn, skew):
+    add_due(conn, 50)
+    assert_flat(skewed_buffers(conn, skew, "queue_health",
+                               {"max_pending_age": 300.0, "lease_grace": 15.0}), 0)
