@@ -1,14 +1,13 @@
 """The supervisor: forks and watches the worker children of every pool.
 
 The main thread is the arbiter loop. Signal handlers only queue the signal; the loop
-dispatches it to ``handle_<name>``. Each turn the loop reads the children's pipes, reaps the
-children that exited (rescuing the task a dead child held), starts or stops children until
-every pool has its configured count, advances a reload in progress, and pings systemd.
-
-Children start as fresh interpreters (``python -m supervisor.worker.main``) through
-subprocess, which forks and execs at once: a bare fork of this threaded process could copy a
-lock some other thread holds. A fresh interpreter is also what makes SIGHUP load new handler
-code. The parent never imports handler modules and never hands a connection to a child.
+dispatches it to ``handle_<name>``. Each turn the loop reads the children's links, reaps the
+children that exited, starts or stops children until every pool has its configured count,
+advances a reload in progress, and pings systemd. It never waits on the database: the lease
+keeper thread renews every claim the children hold and settles the claims of dead children,
+the wake-up relay listens for new work, and the reaper and the health check have threads
+of their own. The parent never imports handler modules and never hands a connection to a
+child.
 """
 
 from __future__ import annotations
@@ -16,22 +15,19 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import random
 import select
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psycopg
 
 from . import proctitle, systemd
-from .channel import LineReader
-from .config import CONFIG_SNAPSHOT_ENV, DSN_ENV, Config, load_config
-from .db import store
+from .children import Child, RestartPolicy, describe_exit, kill_group, spawn_child
+from .config import Config, load_config
 from .db.connect import LazyConnection, redact_dsn
 from .db.migrate import migrate
 from .db.session import database_dsn
@@ -40,59 +36,14 @@ from .logs import emit
 
 # A child that does not say "booted" within this long is killed and counts as a boot failure.
 BOOT_TIMEOUT = 60.0
-# Restart backoff per slot: doubles per consecutive early death, capped, with jitter.
-RESTART_BASE_DELAY = 0.1
-RESTART_MAX_DELAY = 30.0
-# A child that lived this long resets its slot's backoff.
-STABLE_AFTER = 10.0
-# Fuse: this many boot failures within the window stop a pool's restarts.
-FUSE_FAILURES = 5
-FUSE_WINDOW = 60.0
 # Database start-up: how long the supervisor waits for PostgreSQL before giving up.
 STARTUP_DB_PATIENCE = 60.0
+# How long a stopping supervisor waits for the lease keeper to settle its last claims.
+SETTLE_PATIENCE = 5.0
 LOOP_TICK = 0.5
 
 SIGNAL_NAMES = {signal.SIGHUP: "hup", signal.SIGTERM: "term", signal.SIGINT: "int",
                 signal.SIGQUIT: "quit", signal.SIGTTIN: "ttin", signal.SIGTTOU: "ttou"}
-
-
-@dataclass
-class Child:
-    process: subprocess.Popen
-    pool: str
-    slot: int
-    generation: int
-    read_fd: int
-    started: float = field(default_factory=time.monotonic)
-    reader: LineReader = field(default_factory=LineReader)
-    booted: bool = False
-    worker_id: str | None = None
-    claim: dict | None = None  # {"task_id", "token", "task_type"} while it runs a task
-    stopping: str | None = None  # why it was asked to stop: "shrink", "reload", "shutdown"
-    kill_at: float | None = None  # when a stopping child gets SIGKILL
-    killed_by_us: bool = False
-    boot_error: str | None = None
-    waiting_db: bool = False  # booting, but waiting out a database outage: not stuck
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def label(self) -> str:
-        return f"{self.pool}#{self.slot}"
-
-
-@dataclass
-class SlotState:
-    failures: int = 0
-    next_start: float = 0.0
-
-
-@dataclass
-class PoolState:
-    boot_failures: collections.deque = field(default_factory=collections.deque)
-    fused: bool = False
-    last_error: str | None = None
 
 
 @dataclass
@@ -110,27 +61,27 @@ class Arbiter:
         self.demo = demo
         self.generation = 1
         self.children: dict[int, Child] = {}
-        self.slots: dict[tuple[str, int], SlotState] = collections.defaultdict(SlotState)
-        self.pool_states: dict[str, PoolState] = collections.defaultdict(PoolState)
+        # What the relay and the health thread read; replaced whole whenever children change.
+        self.children_view: tuple[Child, ...] = ()
+        self.restarts = RestartPolicy()
         self.targets = {p.name: p.processes for p in config.pools}
         self.signal_queue: collections.deque[int] = collections.deque()
         self.reload: Reload | None = None
         self.reload_requested = False
-        self.pending_rescues: list[tuple[Child, str]] = []
-        self.next_rescue_at = 0.0
-        self.rescue_failures = 0
         self.stopping: str | None = None  # "graceful" or "quick"
+        self.children_gone_at: float | None = None
         self.ready_sent = False
         self.dsn: str | None = None
-        self._db: LazyConnection | None = None
         self._wake_r, self._wake_w = os.pipe()
         self.metrics_dir: str | None = None
+        self.keeper = None
+        self.relay = None
         self.services: list = []
         self.http = None
+        self.health = None
         self._last_watchdog = 0.0
         self._last_status = ""
         self.started_at = time.monotonic()
-        self.health = None
         from .maintenance.health import ChildrenStatus
         self.children_snapshot = ChildrenStatus(0, sum(self.targets.values()))
 
@@ -148,15 +99,11 @@ class Arbiter:
                 if not self.wait_for_database():
                     emit("supervisor_stopped", reason="stopped while waiting for the database")
                     return EXIT_OK
-                if self.demo:
-                    from .demo import submit_demo_tasks
-                    submit_demo_tasks(self.db())
                 self.start_services()
                 try:
                     self.loop()
                 finally:
                     self.stop_services()
-                    self._close_db()
         except OperationalError as exc:
             emit("supervisor_failed", logging.ERROR, error=str(exc))
             systemd.notify("STOPPING=1", f"STATUS=failed: {exc}")
@@ -187,43 +134,64 @@ class Arbiter:
 
     def wait_for_database(self) -> bool:
         """Reach PostgreSQL and migrate, retrying for a while: the database may be starting
-        alongside us (same boot, same systemd transaction). False if told to stop first."""
+        alongside us (same boot, same systemd transaction). Before the loop starts, so no
+        child waits on it. False if told to stop first."""
         deadline = time.monotonic() + STARTUP_DB_PATIENCE
         delay = 0.5
-        while True:
-            try:
-                conn = self.db()
-                if self.migrate_on_start:
-                    for migration in migrate(conn):
-                        emit("migration_applied", version=migration.version, name=migration.name)
-                return True
-            except MigrationError:
-                raise
-            except (OperationalError, psycopg.OperationalError) as exc:
-                self._close_db()
-                if any(s in self.signal_queue for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)):
-                    return False
-                if time.monotonic() >= deadline:
-                    raise OperationalError(str(exc)) from None
-                emit("database_waiting", logging.WARNING, error=str(exc).strip().splitlines()[-1])
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        db = LazyConnection(self.dsn, connect_timeout=self.config.database.connect_timeout,
+                            application_name="pgtaskd supervisor")
+        try:
+            while True:
+                try:
+                    conn = db.get()
+                    if self.migrate_on_start:
+                        for migration in migrate(conn):
+                            emit("migration_applied", version=migration.version,
+                                 name=migration.name)
+                    if self.demo:
+                        from .demo import submit_demo_tasks
+                        submit_demo_tasks(conn)
+                    return True
+                except MigrationError:
+                    raise
+                except (OperationalError, psycopg.OperationalError) as exc:
+                    db.close()
+                    if any(s in self.signal_queue
+                           for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)):
+                        return False
+                    if time.monotonic() >= deadline:
+                        raise OperationalError(str(exc)) from None
+                    emit("database_waiting", logging.WARNING,
+                         error=str(exc).strip().splitlines()[-1])
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+        finally:
+            db.close()
 
     def start_services(self) -> None:
+        from .leases import LeaseKeeper
         from .maintenance.health import HealthChecker
         from .maintenance.reaper import LeaseReaper
+        from .wakeups import WakeRelay
 
         config = self.config
+        timeout = config.database.connect_timeout
+        self.keeper = LeaseKeeper(self.dsn, lease_seconds=config.lease.seconds,
+                                  renew_interval=config.lease.renew_interval,
+                                  retry=config.retry, connect_timeout=timeout)
         reaper = LeaseReaper(self.dsn, interval=config.reaper.interval,
                              batch_size=config.reaper.batch_size, retry=config.retry,
-                             connect_timeout=config.database.connect_timeout,
-                             on_reaped=self._count_reaped)
+                             connect_timeout=timeout, on_reaped=self._count_reaped)
         health = HealthChecker(self.dsn, interval=config.health.interval,
                                max_pending_age=config.health.max_pending_age,
                                lease_grace=max(3 * config.reaper.interval, 10.0),
                                children=lambda: self.children_snapshot,
-                               connect_timeout=config.database.connect_timeout)
-        self.services = [reaper, health]
+                               connect_timeout=timeout)
+        self.services = [self.keeper, reaper, health]
+        if config.database.listen:
+            self.relay = WakeRelay(config.database.listen_dsn or self.dsn,
+                                   children=lambda: self.children_view, connect_timeout=timeout)
+            self.services.append(self.relay)
         for service in self.services:
             service.start()
         self.health = health
@@ -252,7 +220,6 @@ class Arbiter:
             self.wait_for_events()
             self.dispatch_signals()
             self.reap_children()
-            self.retry_rescues()
             if self.stopping:
                 if self.advance_stop():
                     return
@@ -264,19 +231,16 @@ class Arbiter:
 
     def next_deadline(self) -> float:
         """Seconds until the loop has something timed to do: a slot's restart, a stopping
-        child's SIGKILL, a rescue retry. Never longer than LOOP_TICK."""
+        child's SIGKILL. Never longer than LOOP_TICK."""
         now = time.monotonic()
-        due = [now + LOOP_TICK]
-        due += [slot.next_start for slot in self.slots.values() if slot.next_start > now]
+        due = [now + LOOP_TICK] + self.restarts.next_starts(now)
         due += [c.kill_at for c in self.children.values() if c.kill_at and not c.killed_by_us]
-        if self.pending_rescues:
-            due.append(self.next_rescue_at)
         return max(0.0, min(due) - now)
 
     def wait_for_events(self) -> None:
-        fds = [self._wake_r] + [c.read_fd for c in self.children.values() if c.read_fd >= 0]
+        links = {c.link.fileno(): c for c in self.children.values() if not c.link.closed}
         try:
-            readable, _, _ = select.select(fds, [], [], self.next_deadline())
+            readable, _, _ = select.select([self._wake_r, *links], [], [], self.next_deadline())
         except InterruptedError:
             return
         for fd in readable:
@@ -285,39 +249,59 @@ class Arbiter:
                     os.read(self._wake_r, 4096)
                 except BlockingIOError:
                     pass
-                continue
-            child = next((c for c in self.children.values() if c.read_fd == fd), None)
-            if child is not None:
-                self.read_pipe(child)
+            elif fd in links:
+                self.read_link(links[fd])
 
-    def read_pipe(self, child: Child) -> None:
-        try:
-            data = os.read(child.read_fd, 65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        if not data:
-            os.close(child.read_fd)
-            child.read_fd = -1
-            return
-        for message in child.reader.feed(data):
-            self.on_message(child, message)
+    def read_link(self, child: Child) -> None:
+        messages, open_ = child.link.receive()
+        for message in messages:
+            try:
+                self.on_message(child, message)
+            except (KeyError, TypeError, ValueError) as exc:
+                emit("bad_child_message", logging.WARNING, child_pid=child.pid,
+                     kind=str(message.get("kind"))[:40], error=repr(exc)[:200])
+        if not open_:
+            child.link.close()
 
     def on_message(self, child: Child, message: dict) -> None:
         kind = message.get("kind")
-        if kind == "booted":
+        # Settled claims ride on the next message, whatever its kind.
+        self.on_settled(child, message.get("done") or message.get("tokens") or ())
+        if kind == "claimed":
+            self.on_claimed(child, message["claims"])
+        elif kind == "idle":
+            child.idle_since = float(message["since"])
+            if self.relay is not None:
+                self.relay.wake_if_missed(child)
+        elif kind == "booted":
             child.booted = True
             child.worker_id = message.get("worker_id")
             emit("worker_booted", pool=child.pool, slot=child.slot, child_pid=child.pid,
                  generation=child.generation, worker_id=child.worker_id)
-        elif kind == "claimed":
-            child.claim = {"task_id": message["task_id"], "token": message["token"],
-                           "task_type": message.get("task_type")}
-        elif kind == "done":
-            child.claim = None
         elif kind == "boot_failed":
-            child.boot_error = message.get("error")
+            child.boot_error = str(message.get("error"))
         elif kind == "waiting_db":
             child.waiting_db = True
+
+    def on_settled(self, child: Child, tokens) -> None:
+        if not tokens:
+            return
+        tokens = [int(t) for t in tokens]
+        self.keeper.drop(tokens)
+        for token in tokens:
+            child.claims.pop(token, None)
+
+    def on_claimed(self, child: Child, claims: list) -> None:
+        from .leases import Held
+
+        child.idle_since = None
+        held = []
+        for task_id, token, task_type in claims:
+            token = int(token)
+            child.claims[token] = str(task_id)
+            held.append(Held(str(task_id), token, str(task_type), child.worker_id or "",
+                             child.pool, holder=child))
+        self.keeper.hold(held)
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -376,50 +360,17 @@ class Arbiter:
 
     # -- children ---------------------------------------------------------------------------
 
-    def child_command(self, pool: str, slot: int, write_fd: int) -> list[str]:
-        command = [sys.executable, "-m", "supervisor.worker.main", "--pool", pool,
-                   "--slot", str(slot), "--channel-fd", str(write_fd),
-                   "--supervisor-pid", str(os.getpid())]
-        if self.config.path:
-            command += ["-c", str(self.config.path)]
-        return command
-
-    def child_env(self, config: Config) -> dict[str, str]:
-        env = systemd.child_environment(dict(os.environ))
-        env[DSN_ENV] = self.dsn
-        env["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
-        # The config text this generation was loaded from: a child restarted after the file
-        # was edited (or broken) without a reload must not pick up the file as it is now.
-        env.pop(CONFIG_SNAPSHOT_ENV, None)
-        if config.source is not None:
-            env[CONFIG_SNAPSHOT_ENV] = config.source
-        return env
-
     def generation_config(self, generation: int) -> Config:
         if self.reload is not None and generation == self.reload.generation:
             return self.reload.config
         return self.config
 
     def spawn_worker(self, pool: str, slot: int, generation: int) -> Child | None:
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(read_fd, False)
-        try:
-            process = subprocess.Popen(
-                self.child_command(pool, slot, write_fd), pass_fds=(write_fd,),
-                env=self.child_env(self.generation_config(generation)),
-                stdin=subprocess.DEVNULL, close_fds=True,
-                # A process group per child: killing a child kills what its handler started
-                # too, so no orphaned subprocess keeps working on a task that runs again.
-                start_new_session=True)
-        except OSError as exc:
-            os.close(read_fd)
-            os.close(write_fd)
-            emit("worker_spawn_failed", logging.ERROR, pool=pool, slot=slot, error=str(exc))
-            return None
-        os.close(write_fd)
-        child = Child(process, pool, slot, generation, read_fd)
-        self.children[process.pid] = child
-        emit("worker_spawned", pool=pool, slot=slot, child_pid=process.pid, generation=generation)
+        child = spawn_child(self.generation_config(generation), pool, slot, generation,
+                            dsn=self.dsn, metrics_dir=self.metrics_dir)
+        if child is not None:
+            self.children[child.pid] = child
+            self.children_view = tuple(self.children.values())
         return child
 
     def spawn_generation(self, generation: int, config: Config) -> None:
@@ -436,7 +387,6 @@ class Arbiter:
         """Start or stop children until each pool of the current generation has its count."""
         now = time.monotonic()
         for pool in self.config.pools:
-            state = self.pool_states[pool.name]
             live = self.live_children(pool.name)
             target = self.targets.get(pool.name, pool.processes)
             if len(live) > target:
@@ -444,43 +394,38 @@ class Arbiter:
                 for child in sorted(live, key=lambda c: c.started)[:len(live) - target]:
                     self.stop_child(child, "shrink")
                 continue
-            if state.fused or len(live) >= target:
-                continue
             used = {c.slot for c in live}
             for slot in range(1, target + 1):
                 if len(used) >= target:
                     break
-                if slot in used:
-                    continue
-                if self.slots[(pool.name, slot)].next_start > now:
+                if slot in used or not self.restarts.may_start(pool.name, slot, now):
                     continue
                 if self.spawn_worker(pool.name, slot, self.generation):
                     used.add(slot)
 
     def stop_child(self, child: Child, reason: str, *, grace: float | None = None) -> None:
-        """Ask a child to finish its current task and exit; SIGKILL it after ``grace``."""
+        """Ask a child to finish its current task and exit.
+
+        A shutdown kills it after ``grace`` (shutdown_timeout by default). A reload or a
+        shrink waits for the running task however long it takes, unless ``reload_timeout``
+        is set: only then is the child killed, and its run counts as a failed attempt.
+        """
         if child.stopping:
             return
         child.stopping = reason
-        grace = self.config.shutdown_timeout if grace is None else grace
-        child.kill_at = time.monotonic() + grace
-        self._signal(child, signal.SIGTERM)
+        if reason == "shutdown":
+            grace = self.config.shutdown_timeout if grace is None else grace
+        elif grace is None:
+            grace = self.config.reload_timeout
+        child.kill_at = None if grace is None else time.monotonic() + grace
+        try:
+            child.process.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
     def kill_child(self, child: Child) -> None:
         child.killed_by_us = True
-        self._kill_group(child)
-
-    def _kill_group(self, child: Child) -> None:
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def _signal(self, child: Child, signum: int) -> None:
-        try:
-            child.process.send_signal(signum)
-        except ProcessLookupError:
-            pass
+        kill_group(child)
 
     def murder_stuck(self) -> None:
         """SIGKILL children past their stop grace, and children that never booted."""
@@ -488,7 +433,8 @@ class Arbiter:
         for child in list(self.children.values()):
             if child.kill_at is not None and now >= child.kill_at and not child.killed_by_us:
                 emit("worker_stop_timeout", logging.WARNING, pool=child.pool, slot=child.slot,
-                     child_pid=child.pid, task_id=(child.claim or {}).get("task_id"))
+                     child_pid=child.pid, stopping=child.stopping,
+                     task_id=next(iter(child.claims.values()), None))
                 self.kill_child(child)
             elif not child.booted and not child.stopping and not child.waiting_db \
                     and now - child.started > BOOT_TIMEOUT:
@@ -496,7 +442,7 @@ class Arbiter:
                 self.kill_child(child)
 
     def reap_children(self) -> None:
-        """Collect every exited child: log how it ended, settle its claim, plan its restart.
+        """Collect every exited child: log how it ended, settle its claims, plan its restart.
 
         Each child is polled by its own pid, not waitpid(-1): the supervisor runs other
         subprocesses (pg_ctl, the handler import probe) whose statuses are not ours to take.
@@ -505,121 +451,57 @@ class Arbiter:
             code = child.process.poll()
             if code is None:
                 continue
-            # Whatever the child wrote before it died (a last "done") must count.
-            while child.read_fd >= 0:
-                self.read_pipe(child)
-                if child.read_fd >= 0 and not select.select([child.read_fd], [], [], 0)[0]:
-                    os.close(child.read_fd)
-                    child.read_fd = -1
+            # Whatever the child sent before it died (a last "done") must count.
+            self.read_link(child)
+            child.link.close()
             del self.children[child.pid]
+            self.children_view = tuple(self.children.values())
             self.on_child_exit(child, code)
 
     def on_child_exit(self, child: Child, code: int) -> None:
         from prometheus_client import multiprocess
 
+        from . import metrics
+
         multiprocess.mark_process_dead(child.pid, self.metrics_dir)
         lived = time.monotonic() - child.started
         how = describe_exit(code, sent_by_us=child.killed_by_us)
         expected = child.stopping is not None and code == 0
-        level = logging.INFO if expected else logging.ERROR
-        emit("worker_exited", level, pool=child.pool, slot=child.slot, child_pid=child.pid,
-             exit=how, lived_seconds=round(lived, 3), booted=child.booted,
-             stopping=child.stopping, task_id=(child.claim or {}).get("task_id"))
-        if child.claim:
-            # Whatever the handler started must be gone before the task can run again.
-            self._kill_group(child)
-            self.settle_claim(child, how)
+        emit("worker_exited", logging.INFO if expected else logging.ERROR, pool=child.pool,
+             slot=child.slot, child_pid=child.pid, exit=how, lived_seconds=round(lived, 3),
+             booted=child.booted, stopping=child.stopping,
+             task_id=next(iter(child.claims.values()), None))
+        self.settle_claims(child, how)
         if child.stopping:
             return
         if child.generation != self.generation:
             # A child of a reload in progress: the reload fails as a whole, nothing restarts.
             if self.reload is not None and child.generation == self.reload.generation:
                 when = "during the reload" if child.booted else "before booting"
-                self.reload.failure = (f"new worker {child.label()} exited {when} "
+                self.reload.failure = (f"new worker {child.label} exited {when} "
                                        f"({how}): {child.boot_error or 'see its log'}")
             return
-        self.plan_restart(child, how, lived)
-
-    def settle_claim(self, child: Child, how: str) -> None:
-        """The task a dead child held: released without spending a retry if we stopped it,
-        else counted as a failed attempt at once (no waiting for the lease to expire)."""
-        if child.stopping and child.killed_by_us:
-            reason = "release"
-        else:
-            reason = f"worker {child.worker_id or child.label()} died ({how}) while running the task"
-        self.pending_rescues.append((child, reason))
-        self.retry_rescues()
-
-    def retry_rescues(self) -> None:
-        if not self.pending_rescues or time.monotonic() < self.next_rescue_at:
-            return
-        still = []
-        for child, reason in self.pending_rescues:
-            try:
-                self.rescue(child, reason)
-            except (psycopg.Error, OperationalError) as exc:
-                self._close_db()
-                # The lease will expire and the reaper will settle it if we never can.
-                # The first line is the error itself (a lock timeout, say); later ones are
-                # context.
-                emit("rescue_deferred", logging.WARNING, task_id=child.claim["task_id"],
-                     error=str(exc).strip().splitlines()[0])
-                still.append((child, reason))
-        self.pending_rescues = still
-        self.rescue_failures = self.rescue_failures + 1 if still else 0
-        # Each attempt may block for connect_timeout; do not let an outage stall the loop.
-        self.next_rescue_at = time.monotonic() + (min(2 ** self.rescue_failures, 30) if still else 0)
-
-    def rescue(self, child: Child, reason: str) -> None:
-        from . import metrics
-
-        claim = child.claim
-        task_type = claim.get("task_type") or ""
-        if reason == "release":
-            released = store.release_task(self.db(), claim["task_id"], claim["token"])
-            emit("task_released", task_id=claim["task_id"], task_type=task_type,
-                 released=released, pool=child.pool)
-            return
-        row = store.rescue_task(self.db(), claim["task_id"], claim["token"], error=reason,
-                                retry=self.config.retry)
-        if row is None:
-            emit("rescue_skipped", task_id=claim["task_id"], task_type=task_type,
-                 reason="the claim was already settled or lost")
-            return
-        metrics.TASKS_RESCUED.labels(child.pool, task_type).inc()
-        if row["status"] == "FAILED":
-            metrics.TASKS_FAILED.labels(child.pool, task_type).inc()
-            emit("task_failed", logging.ERROR, task_id=row["id"], task_type=task_type,
-                 retry_count=row["retry_count"], error=reason, rescued=True, pool=child.pool)
-        else:
-            metrics.TASKS_RETRIED.labels(child.pool, task_type).inc()
-            emit("task_retry_scheduled", logging.WARNING, task_id=row["id"], task_type=task_type,
-                 retry_count=row["retry_count"], retry_delay=round(row["retry_delay"], 3),
-                 error=reason, rescued=True, pool=child.pool)
-
-    def plan_restart(self, child: Child, how: str, lived: float) -> None:
-        from . import metrics
-
-        now = time.monotonic()
-        slot = self.slots[(child.pool, child.slot)]
-        slot.failures = 1 if lived >= STABLE_AFTER else slot.failures + 1
-        delay = min(RESTART_BASE_DELAY * 2 ** (slot.failures - 1), RESTART_MAX_DELAY)
-        slot.next_start = now + delay * (1 + random.random() * 0.25)
         metrics.WORKER_RESTARTS.labels(child.pool).inc()
-        if child.booted:
+        self.restarts.child_exited(child, how, lived)
+
+    def settle_claims(self, child: Child, how: str) -> None:
+        """The claims a dead child held, handed to the lease keeper's thread: released
+        without spending a retry if a shutdown stopped it, else counted as a failed attempt
+        at once (no waiting for the lease to expire)."""
+        held = self.keeper.drop_holder(child)
+        if not held:
             return
-        # It never booted: a broken handler import, a bad config. Count toward the fuse.
-        state = self.pool_states[child.pool]
-        state.boot_failures.append(now)
-        state.last_error = child.boot_error or how
-        while state.boot_failures and now - state.boot_failures[0] > FUSE_WINDOW:
-            state.boot_failures.popleft()
-        if len(state.boot_failures) >= FUSE_FAILURES and not state.fused:
-            state.fused = True
-            emit("pool_fused", logging.CRITICAL, pool=child.pool,
-                 error=f"{len(state.boot_failures)} workers failed to boot within "
-                       f"{FUSE_WINDOW:g} s; restarts stopped until a reload (SIGHUP). "
-                       f"Last: {state.last_error}")
+        # Whatever the handler started must be gone before the task can run again.
+        kill_group(child)
+        if child.stopping in ("shutdown", "reload aborted") and child.killed_by_us:
+            self.keeper.settle("release", held, "release")
+        elif child.stopping in ("reload", "shrink") and child.killed_by_us:
+            self.keeper.settle("rescue", held, f"worker {child.worker_id or child.label} killed: "
+                               f"its task outlasted reload_timeout "
+                               f"({self.config.reload_timeout:g} s) during a {child.stopping}")
+        else:
+            self.keeper.settle("rescue", held, f"worker {child.worker_id or child.label} died "
+                                               f"({how}) while running the task")
 
     # -- reload -----------------------------------------------------------------------------
 
@@ -630,8 +512,7 @@ class Arbiter:
             emit("reload_failed", logging.ERROR, reason="invalid config, keeping the running one",
                  problems=exc.problems)
             return
-        if new_config.database.dsn != self.config.database.dsn or \
-                new_config.database.data_dir != self.config.database.data_dir:
+        if new_config.database != self.config.database:
             emit("reload_warning", logging.WARNING,
                  reason="database settings change only on restart; keeping the current database")
         systemd.reloading()
@@ -653,7 +534,7 @@ class Arbiter:
         failed = reload.failure
         if failed or time.monotonic() > reload.deadline:
             for child in newborn:
-                self.stop_child(child, "reload aborted")
+                self.stop_child(child, "reload aborted", grace=self.config.shutdown_timeout)
             emit("reload_failed", logging.ERROR, generation=reload.generation,
                  reason=failed or "the new workers did not boot in time",
                  kept_generation=self.generation)
@@ -669,8 +550,10 @@ class Arbiter:
         self.config = reload.config
         self.generation = reload.generation
         self.targets = {p.name: p.processes for p in reload.config.pools}
-        self.pool_states.clear()  # a reload is the way to re-arm a fused pool
-        self.slots.clear()
+        self.restarts.reset()  # a reload is the way to re-arm a fused pool
+        self.keeper.lease_seconds = reload.config.lease.seconds
+        self.keeper.renew_interval = reload.config.lease.renew_interval
+        self.keeper.retry = reload.config.retry
         self.reload = None
         emit("reload_finished", generation=self.generation, pools=dict(self.targets))
         systemd.notify("READY=1")
@@ -691,18 +574,25 @@ class Arbiter:
                 child.stopping = "shutdown"
                 self.kill_child(child)
             else:
+                # A child already retiring for a reload now has the shutdown's deadline.
+                child.stopping = None
                 self.stop_child(child, "shutdown", grace=grace)
 
     def advance_stop(self) -> bool:
-        """Drive the shutdown; True once every child is gone and every claim settled."""
+        """Drive the shutdown; True once every child is gone and its claims settled (or the
+        database stayed away for SETTLE_PATIENCE)."""
         self.murder_stuck()
         if self.children:
             return False
-        if self.pending_rescues:
-            # The database is away: the leases will expire and another daemon's reaper (or
-            # ours, next start) settles these; do not hang the shutdown on it.
-            emit("shutdown_unsettled", logging.WARNING,
-                 tasks=[c.claim["task_id"] for c, _ in self.pending_rescues])
+        unsettled = self.keeper.unsettled()
+        if self.children_gone_at is None:
+            self.children_gone_at = time.monotonic()
+        if unsettled and time.monotonic() - self.children_gone_at < SETTLE_PATIENCE:
+            return False
+        if unsettled:
+            # The leases will expire and another daemon's reaper (or ours, next start)
+            # settles these; the shutdown does not hang on the database.
+            emit("shutdown_unsettled", logging.WARNING, tasks=unsettled)
         return True
 
     # -- status -----------------------------------------------------------------------------
@@ -712,9 +602,7 @@ class Arbiter:
 
         live = sum(1 for c in self.children.values()
                    if c.generation == self.generation and c.booted and not c.stopping)
-        expected = sum(self.targets.values())
-        fused = tuple(sorted(name for name, s in self.pool_states.items() if s.fused))
-        return ChildrenStatus(live, expected, fused)
+        return ChildrenStatus(live, sum(self.targets.values()), self.restarts.fused_pools())
 
     def notify_systemd(self) -> None:
         now = time.monotonic()
@@ -734,7 +622,7 @@ class Arbiter:
             self._last_watchdog = now
             systemd.notify("WATCHDOG=1")
         line = f"STATUS={status.live}/{status.expected} workers"
-        busy = sum(1 for c in self.children.values() if c.claim)
+        busy = sum(1 for c in self.children.values() if c.claims)
         line += f", {busy} busy"
         if status.fused_pools:
             line += f", FUSED: {','.join(status.fused_pools)}"
@@ -751,29 +639,3 @@ class Arbiter:
         metrics.LEASES_REAPED.labels(row["task_type"], row["status"]).inc()
         counter = metrics.TASKS_FAILED if row["status"] == "FAILED" else metrics.TASKS_RETRIED
         counter.labels("reaper", row["task_type"]).inc()
-
-    # -- the supervisor's own connection (main thread only) ----------------------------------
-
-    def db(self) -> psycopg.Connection:
-        if self._db is None:
-            self._db = LazyConnection(self.dsn, connect_timeout=self.config.database.connect_timeout,
-                                      application_name="pgtaskd supervisor")
-        return self._db.get()
-
-    def _close_db(self) -> None:
-        if self._db is not None:
-            self._db.close()
-
-
-def describe_exit(code: int, *, sent_by_us: bool = False) -> str:
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    if sent_by_us:
-        return f"{name} (sent by the supervisor)"
-    if -code == signal.SIGKILL:
-        return f"{name} (possibly the OOM killer)"
-    return name

@@ -1,70 +1,144 @@
-"""The parent-child pipe: one JSON object per line, child to parent.
+"""The supervisor-child link: one socketpair per child, one JSON object per packet.
 
-Messages (``kind`` and its fields):
-  booted   pid, worker_id, task_types    handlers imported and the database reached
-  claimed  task_id, token, task_type     the child now owns this claim
-  done     task_id, outcome              the claim is settled (or dropped as stale)
-  stopping reason                        the child leaves its loop and will exit
+A SOCK_SEQPACKET socketpair keeps message boundaries and delivers each packet whole or not
+at all, in both directions, so neither side needs framing and a torn message cannot happen.
 
-The parent uses ``claimed``/``done`` to know which claim each child holds, so it can rescue a
-dead child's task at once, and later to enforce hard timeouts and account per-task usage.
-Writes are single ``os.write`` calls under PIPE_BUF (4096 bytes), so they are atomic.
+Child to supervisor (``kind`` and its fields):
+  booted     pid, worker_id, task_types     handlers imported and the database reached
+  boot_failed error                         handlers could not be imported
+  waiting_db error                          booting, but the database is unreachable
+  claimed    claims: [[task_id, token, task_type], ...], done
+                                            the child owns these claims: renew them
+  idle       since, done                    nothing was due at monotonic ``since``
+  done       tokens: [...]                  settled (or dropped as stale): stop renewing;
+                                            ``claimed`` and ``idle`` carry the same list as
+                                            ``done``, so the common case costs no message
+  stopping   reason                         the child leaves its loop and will exit
+
+Supervisor to child:
+  wake                                      due work may be waiting: claim now
+  lease      tokens: [...], expires_at      renewed; valid until ``expires_at`` (monotonic)
+  lost       token, reason                  the claim is gone (cancelled, or taken over)
+
+Times are ``time.monotonic()`` values: CLOCK_MONOTONIC is one clock for every process of a
+host, so a deadline the supervisor computes holds in the child too.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import socket
+import struct
 import threading
 
-MAX_MESSAGE = 4096
+# Far above any real message; a packet larger than this is refused by send(), not cut.
+MAX_PACKET = 256 * 1024
+# How long the child waits for room in the socket before it gives up on a message: only a
+# supervisor that stopped reading (SIGSTOP, a hang) ever makes it wait.
+CHILD_SEND_TIMEOUT = 10.0
 
 
-class ChildChannel:
-    """The child's end: write-only and thread-safe; a dead parent is not the child's error."""
+def socket_pair() -> tuple[socket.socket, socket.socket]:
+    """(supervisor end, child end). The child end is inheritable, to be passed by fd."""
+    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    child_end.set_inheritable(True)
+    for end in (parent_end, child_end):
+        end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_PACKET * 2)
+    return parent_end, child_end
 
-    def __init__(self, fd: int | None):
-        self.fd = fd
+
+def encode(kind: str, fields: dict) -> bytes:
+    return json.dumps({"kind": kind, **fields}, default=str, separators=(",", ":")).encode()
+
+
+def decode(packet: bytes) -> dict | None:
+    try:
+        message = json.loads(packet)
+    except ValueError:
+        return None  # not our protocol; one bad packet must not kill the reader
+    return message if isinstance(message, dict) and "kind" in message else None
+
+
+class Link:
+    """One end of a child's socketpair; ``send`` is thread-safe and never raises.
+
+    ``blocking=False`` (the supervisor's end): a send that finds no room is dropped, since
+    every supervisor message is a hint the child can do without (a wake-up, a lease
+    extension it will also learn from its own clock). ``blocking=True`` (the child's end):
+    a send waits up to CHILD_SEND_TIMEOUT for room, and a False return tells the caller the
+    supervisor did not get the message.
+    """
+
+    def __init__(self, sock: socket.socket | None, *, blocking: bool):
+        self.sock = sock
         self._lock = threading.Lock()
+        if sock is None:
+            return
+        if blocking:
+            # A kernel send timeout, not Python's socket timeout: with the latter, every
+            # recv() would wait for data first, whatever MSG_DONTWAIT says.
+            sock.setblocking(True)
+            seconds = int(CHILD_SEND_TIMEOUT)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, 0))
+        else:
+            sock.setblocking(False)
 
-    def send(self, kind: str, **fields) -> None:
-        if self.fd is None:
-            return
-        line = json.dumps({"kind": kind, **fields}, default=str, separators=(",", ":")) + "\n"
-        data = line.encode()
-        if len(data) > MAX_MESSAGE:
-            # Only a huge task id (inserted by hand past the client's limit) gets here. The
-            # run must go on: without this message the supervisor cannot rescue the claim
-            # early, and its lease expiry is the fallback.
-            return
+    @classmethod
+    def from_fd(cls, fd: int | None) -> "Link":
+        """The child's end, from the fd the supervisor passed on the command line."""
+        if fd is None:
+            return cls(None, blocking=True)
+        return cls(socket.socket(fileno=fd), blocking=True)
+
+    @property
+    def closed(self) -> bool:
+        return self.sock is None
+
+    def fileno(self) -> int:
+        return self.sock.fileno() if self.sock is not None else -1
+
+    def send(self, kind: str, **fields) -> bool:
+        sock = self.sock
+        if sock is None:
+            return False
+        data = encode(kind, fields)
+        if len(data) > MAX_PACKET:
+            return False
         with self._lock:
             try:
-                os.write(self.fd, data)
-            except (BrokenPipeError, OSError):
-                self.fd = None
+                sock.send(data)
+                return True
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                # The other end is gone: a dead child, or a supervisor that exited.
+                self.sock = None
+                return False
 
+    def receive(self) -> tuple[list[dict], bool]:
+        """Every packet waiting now, decoded, and whether the other end is still there.
 
-class LineReader:
-    """The parent's end of one child's pipe: feed it bytes, get whole decoded messages."""
-
-    def __init__(self):
-        self._buffer = b""
-
-    def feed(self, data: bytes) -> list[dict]:
-        self._buffer += data
-        *lines, self._buffer = self._buffer.split(b"\n")
-        if len(self._buffer) > 4 * MAX_MESSAGE:
-            # No newline in far more than any message: not our protocol; drop it rather
-            # than let the arbiter's memory grow.
-            self._buffer = b""
+        Never blocks, whatever the socket's own timeout.
+        """
+        sock = self.sock
+        if sock is None:
+            return [], False
         messages = []
-        for line in lines:
-            if not line.strip():
-                continue
+        while True:
             try:
-                message = json.loads(line)
-            except ValueError:
-                continue  # a torn or foreign line must not kill the arbiter
-            if isinstance(message, dict) and "kind" in message:
+                packet = sock.recv(MAX_PACKET, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return messages, True
+            except OSError:
+                return messages, False
+            if not packet:
+                return messages, False
+            message = decode(packet)
+            if message is not None:
                 messages.append(message)
-        return messages
+
+    def close(self) -> None:
+        with self._lock:
+            sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()

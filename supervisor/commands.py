@@ -11,7 +11,7 @@ import threading
 from datetime import datetime, timezone
 
 from .client import STATUSES, Client, TaskNotFound, TaskStateError
-from .config import Config
+from .config import MAX_BATCH_SIZE, Config
 from .db.connect import connect, redact_dsn
 from .db.migrate import migrate
 from .db.session import database_dsn
@@ -92,7 +92,7 @@ def import_handlers_in_subprocess(config: Config, timeout: float = 60.0) -> list
 
 def cmd_worker(args, config: Config) -> int:
     """One worker loop in this process: for debugging a handler without the supervisor."""
-    from .channel import ChildChannel
+    from .channel import Link
     from .worker.main import run_worker
 
     setup_logging()
@@ -100,20 +100,31 @@ def cmd_worker(args, config: Config) -> int:
     if pool_name is None or pool_name not in {p.name for p in config.pools}:
         raise UsageError(f"--pool: no pool named {args.pool!r} in the config")
     stop_event = threading.Event()
+    workers = []
+
+    def request_stop(*_):
+        stop_event.set()
+        for worker in workers:
+            worker.stop()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop_event.set())
+        signal.signal(signum, request_stop)
     with database_dsn(config) as dsn:
         with connect(dsn, connect_timeout=config.database.connect_timeout) as conn:
             migrate(conn)
-        return run_worker(config, pool_name=pool_name, slot=1, dsn=dsn, channel=ChildChannel(None),
-                          stop_event=stop_event)
+        return run_worker(config, pool_name=pool_name, slot=1, dsn=dsn,
+                          channel=Link(None, blocking=True), stop_event=stop_event,
+                          on_worker=workers.append)
 
 
 def cmd_bench(args, config: Config) -> int:
-    from .bench import run_bench
+    from .bench import Options, run_bench
 
-    return run_bench(config, tasks=args.tasks, processes=args.processes, runs=args.runs,
-                     as_json=args.json)
+    if args.batch_size > MAX_BATCH_SIZE:
+        raise UsageError(f"--batch-size: must be at most {MAX_BATCH_SIZE}, got {args.batch_size}")
+    return run_bench(config, Options(tasks=args.tasks, processes=args.processes,
+                                     batch_size=args.batch_size, runs=args.runs,
+                                     latency_samples=args.latency_samples, as_json=args.json))
 
 
 def cmd_run(args, config: Config) -> int:

@@ -7,6 +7,7 @@ a config works the same whatever the daemon's working directory is.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -38,6 +39,13 @@ DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_DATA_DIR = "var/pgdata"
 DEFAULT_HANDLERS_PATH = "handlers"
+MAX_BATCH_SIZE = 1000
+# Bounds on what a config may ask for. A duration past a week is a typo (1e12 seconds would
+# leave a lease held until the year 33715), and a pool of thousands of processes on one host
+# is one too.
+MAX_SECONDS = 7 * 86400.0
+MAX_PROCESSES = 512
+MAX_PAYLOAD_LIMIT = 256 * 1024 * 1024
 
 _HANDLER_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _POOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
@@ -51,6 +59,12 @@ class DatabaseConfig:
     """Where the embedded PostgreSQL keeps its files (used only without a DSN)."""
     connect_timeout: float = 5.0
     """Seconds to wait for a connection before calling the database unreachable."""
+    listen: bool = True
+    """Wake idle workers with LISTEN/NOTIFY (one connection per daemon); polling remains the
+    fallback. Off, workers only poll."""
+    listen_dsn: str | None = None
+    """Where the LISTEN connection goes, if not ``dsn``: LISTEN needs a session connection,
+    so behind PgBouncer in transaction mode point it at PostgreSQL directly."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,9 @@ class PoolConfig:
     """How many worker children this pool runs."""
     task_types: tuple[str, ...]
     """The task types this pool claims (default: every handled type)."""
+    batch_size: int = 1
+    """How many due tasks a child claims in one statement and runs in order (1: the seed's
+    one at a time)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +144,9 @@ class Config:
     handlers: HandlersConfig
     pools: tuple[PoolConfig, ...]
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    reload_timeout: float | None = None
+    """How long a reload or a shrink lets an old child finish its task before killing it
+    (the run then counts as a failed attempt); None: as long as the task takes."""
     reaper: ReaperConfig = field(default_factory=ReaperConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -167,30 +187,49 @@ class _Validator:
                 self.problem(where, f"unknown key (allowed: {', '.join(sorted(allowed))})")
 
     def number(self, tree: Mapping, key: str, path: str, default: float, *,
-               minimum: float = 0.0, strict: bool = True) -> float:
+               minimum: float = 0.0, strict: bool = True,
+               maximum: float = MAX_SECONDS) -> float:
         if key not in tree or tree[key] is None:
             return default
         value = tree[key]
         full = f"{path}.{key}" if path else key
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.problem(full, f"must be a number of seconds, got {_type_name(value)} {value!r}")
+            self.problem(full, f"must be a number of seconds, got {_type_name(value)} "
+                               f"{_short(value)}")
+            return default
+        if not math.isfinite(value):
+            self.problem(full, f"must be a finite number, got {value!r}")
             return default
         if (strict and value <= minimum) or (not strict and value < minimum):
             bound = "greater than" if strict else "at least"
             self.problem(full, f"must be {bound} {minimum:g}, got {value!r}")
             return default
+        if value > maximum:
+            self.problem(full, f"must be at most {maximum:g}, got {value!r}")
+            return default
         return float(value)
 
-    def integer(self, tree: Mapping, key: str, path: str, default: int, *, minimum: int) -> int:
+    def boolean(self, tree: Mapping, key: str, path: str, default: bool) -> bool:
+        if key not in tree or tree[key] is None:
+            return default
+        value = tree[key]
+        if not isinstance(value, bool):
+            self.problem(f"{path}.{key}" if path else key,
+                         f"must be true or false, got {_type_name(value)} {_short(value)}")
+            return default
+        return value
+
+    def integer(self, tree: Mapping, key: str, path: str, default: int, *, minimum: int,
+                maximum: int) -> int:
         if key not in tree or tree[key] is None:
             return default
         value = tree[key]
         full = f"{path}.{key}" if path else key
         if isinstance(value, bool) or not isinstance(value, int):
-            self.problem(full, f"must be a whole number, got {_type_name(value)} {value!r}")
+            self.problem(full, f"must be a whole number, got {_type_name(value)} {_short(value)}")
             return default
-        if value < minimum:
-            self.problem(full, f"must be at least {minimum}, got {value!r}")
+        if not minimum <= value <= maximum:
+            self.problem(full, f"must be from {minimum} to {maximum}, got {_short(value)}")
             return default
         return value
 
@@ -210,13 +249,20 @@ class _Validator:
         return candidate if candidate.is_absolute() else (self.base_dir / candidate).resolve()
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    """A value as a problem line quotes it: never the whole of a huge one."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 def _type_name(value: Any) -> str:
     return {dict: "mapping", list: "list", str: "string", bool: "boolean",
             int: "integer", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 _TOP_KEYS = {"database", "lease", "poll_interval", "retry", "handlers", "pools",
-             "shutdown_timeout", "reaper", "health", "metrics", "max_payload_bytes"}
+             "shutdown_timeout", "reload_timeout", "reaper", "health", "metrics",
+             "max_payload_bytes"}
 
 
 def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
@@ -230,12 +276,15 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     v = _Validator(base_dir)
     v.unknown(tree, "", _TOP_KEYS)
 
-    db = v.section(tree, "database", "", {"dsn", "data_dir", "connect_timeout"})
+    db = v.section(tree, "database", "", {"dsn", "data_dir", "connect_timeout", "listen",
+                                          "listen_dsn"})
     dsn = env.get(DSN_ENV) or v.string(db, "dsn", "database", None) or None
     database = DatabaseConfig(
         dsn=dsn,
         data_dir=v.directory(db, "data_dir", "database", DEFAULT_DATA_DIR),
-        connect_timeout=v.number(db, "connect_timeout", "database", 5.0),
+        connect_timeout=v.number(db, "connect_timeout", "database", 5.0, maximum=300),
+        listen=v.boolean(db, "listen", "database", True),
+        listen_dsn=v.string(db, "listen_dsn", "database", None) or None,
     )
 
     lease_tree = v.section(tree, "lease", "", {"seconds", "renew_interval"})
@@ -280,15 +329,17 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
         path=path,
         database=database,
         lease=lease,
-        poll_interval=v.number(tree, "poll_interval", "", DEFAULT_POLL_INTERVAL),
+        poll_interval=v.number(tree, "poll_interval", "", DEFAULT_POLL_INTERVAL, maximum=3600),
         retry=retry,
         handlers=handlers,
         pools=pools,
         shutdown_timeout=v.number(tree, "shutdown_timeout", "", DEFAULT_SHUTDOWN_TIMEOUT,
                                   strict=False),
+        reload_timeout=v.number(tree, "reload_timeout", "", None),
         reaper=ReaperConfig(
             interval=v.number(reaper_tree, "interval", "reaper", DEFAULT_REAPER_INTERVAL),
-            batch_size=v.integer(reaper_tree, "batch_size", "reaper", 100, minimum=1),
+            batch_size=v.integer(reaper_tree, "batch_size", "reaper", 100, minimum=1,
+                                 maximum=100_000),
         ),
         health=HealthConfig(
             interval=v.number(health_tree, "interval", "health", DEFAULT_HEALTH_INTERVAL),
@@ -297,7 +348,7 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
         ),
         metrics=MetricsConfig(listen=listen),
         max_payload_bytes=v.integer(tree, "max_payload_bytes", "", DEFAULT_MAX_PAYLOAD_BYTES,
-                                    minimum=2),
+                                    minimum=2, maximum=MAX_PAYLOAD_LIMIT),
         source=source,
     )
     if v.problems:
@@ -342,8 +393,11 @@ def _parse_pools(v: _Validator, tree: Mapping, handlers: HandlersConfig) -> tupl
         if not isinstance(settings, dict):
             v.problem(where, f"must be a mapping, got {_type_name(settings)}")
             continue
-        v.unknown(settings, where, {"processes", "task_types"})
-        processes = v.integer(settings, "processes", where, 1, minimum=0)
+        v.unknown(settings, where, {"processes", "task_types", "batch_size"})
+        processes = v.integer(settings, "processes", where, 1, minimum=0,
+                              maximum=MAX_PROCESSES)
+        batch_size = v.integer(settings, "batch_size", where, 1, minimum=1,
+                               maximum=MAX_BATCH_SIZE)
         task_types = settings.get("task_types")
         if task_types is None:
             chosen = tuple(sorted(handlers.types))
@@ -356,7 +410,7 @@ def _parse_pools(v: _Validator, tree: Mapping, handlers: HandlersConfig) -> tupl
                     v.problem(f"{where}.task_types",
                               f"{t!r} has no handler under handlers.types")
             chosen = tuple(dict.fromkeys(task_types))
-        pools.append(PoolConfig(name, processes, chosen))
+        pools.append(PoolConfig(name, processes, chosen, batch_size))
     return tuple(pools)
 
 

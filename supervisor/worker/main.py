@@ -2,7 +2,7 @@
 
 The supervisor starts each child as a fresh interpreter (never a bare fork of its threaded
 self), passes the DSN in the environment (never on the command line, where ``ps`` shows it)
-and reads the child's reports from the pipe named by ``--channel-fd``.
+and talks with the child over the socket named by ``--channel-fd`` (supervisor/channel.py).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import sys
 import threading
 
 from .. import proctitle
-from ..channel import ChildChannel
+from ..channel import Link
 from ..config import CONFIG_SNAPSHOT_ENV, DSN_ENV, load_config
 from ..db.connect import connect
 from ..errors import EXIT_BOOT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, OperationalError
 from ..logs import emit, setup_logging
+from .leases import SupervisedLeases
 from .loop import Worker, open_pool
 from .registry import load_handlers
 
@@ -43,8 +44,8 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: ChildChannel,
-               stop_event: threading.Event) -> int:
+def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: Link,
+               stop_event: threading.Event, on_worker=lambda worker: None) -> int:
     """Boot (handlers, database), report it, then loop until stopped. Returns an exit code."""
     pool_config = next((p for p in config.pools if p.name == pool_name), None)
     if pool_config is None:
@@ -63,45 +64,36 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: ChildCha
     if not wait_for_database(dsn, config.database.connect_timeout, stop_event, channel,
                              worker_id=worker_id, pool_name=pool_name):
         return EXIT_OK
-    pool, lease_pool = open_pools(dsn, config.database.connect_timeout,
-                                  f"pgtaskd {pool_name}#{slot}")
+    name = f"pgtaskd {pool_name}#{slot}"
+    pool = open_pool(dsn, connect_timeout=config.database.connect_timeout, name=name)
     try:
+        pool.open(wait=True, timeout=max(config.database.connect_timeout, 1.0))
+        # Under a supervisor, it renews the leases; on its own (pgtaskd worker), a keeper
+        # thread of this process does.
+        supervised = None if channel.closed else \
+            (lambda w: SupervisedLeases(channel, w, pool_name=pool_name))
         worker = Worker(config, pool=pool, handlers=handlers, worker_id=worker_id,
-                        pool_name=pool_name, channel=channel, stop_event=stop_event,
-                        lease_pool=lease_pool)
+                        pool_name=pool_name, batch_size=pool_config.batch_size, leases=supervised,
+                        handler_dsn=dsn)
         worker.on_title = lambda state: proctitle.worker_title(pool_name, slot, state)
+        on_worker(worker)
+        if stop_event.is_set():
+            return EXIT_OK
         proctitle.worker_title(pool_name, slot, "idle")
         channel.send("booted", pid=os.getpid(), worker_id=worker_id,
                      task_types=list(worker.task_types))
-        worker.run()
+        try:
+            worker.run()
+        finally:
+            worker.close()
         channel.send("stopping", reason="asked to stop")
     finally:
-        lease_pool.close()
         pool.close()
     return EXIT_OK
 
 
-def open_pools(dsn: str, connect_timeout: float, name: str, lease_dsn: str | None = None):
-    """A child's two pools, opened: one for the loop and its handler, one for renewals.
-
-    The lease pool holds two, not one: a renewal stuck on a connection that stopped answering
-    (and has not timed out yet) must not leave the child's next task unable to renew.
-    """
-    pool = open_pool(dsn, connect_timeout=connect_timeout, name=name)
-    lease_pool = open_pool(lease_dsn or dsn, connect_timeout=connect_timeout,
-                           name=f"{name} lease", application_name=name, max_size=2)
-    try:
-        pool.open(wait=True, timeout=max(connect_timeout, 1.0))
-        lease_pool.open(wait=True, timeout=max(connect_timeout, 1.0))
-    except Exception:
-        lease_pool.close()
-        pool.close()
-        raise
-    return pool, lease_pool
-
-
 def wait_for_database(dsn: str, connect_timeout: float, stop_event: threading.Event,
-                      channel: ChildChannel, *, worker_id: str, pool_name: str) -> bool:
+                      channel: Link, *, worker_id: str, pool_name: str) -> bool:
     """Wait out a database that is down: a child that cannot connect is not broken, and
     exiting would only spin the supervisor's restart loop. The child reports "booted" only
     once connected. False if asked to stop while waiting."""
@@ -144,10 +136,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     setup_logging()
     stop_event = threading.Event()
+    workers = []
 
     def request_stop(signum, frame):
-        # Only set a flag: the loop finishes its current task, then leaves.
+        # Only set flags: the loop finishes its current task, then leaves.
         stop_event.set()
+        for worker in workers:
+            worker.stop()
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
@@ -168,9 +163,9 @@ def main(argv=None) -> int:
     if not dsn:
         emit("worker_boot_failed", error=f"no DSN: the supervisor passes it in ${DSN_ENV}")
         return EXIT_BOOT_FAILED
-    channel = ChildChannel(args.channel_fd)
+    channel = Link.from_fd(args.channel_fd)
     return run_worker(config, pool_name=args.pool, slot=args.slot, dsn=dsn, channel=channel,
-                      stop_event=stop_event)
+                      stop_event=stop_event, on_worker=workers.append)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Callable, ContextManager
 
 from ..errors import TaskCancelled
+from ..logs import emit
 
 
 @dataclass
@@ -28,9 +32,15 @@ class Task:
     _lost_reason: list[str] = field(default_factory=list, repr=False)
     _connection: Callable[[], ContextManager] | None = field(default=None, repr=False)
     # When the lease runs out by this worker's monotonic clock unless a renewal lands first.
-    # Checked by is_cancelled() itself, so a renewal stuck on a stalled connection cannot
-    # keep the handler believing it still owns the task.
+    # Checked by is_cancelled() itself, so renewals that stopped getting through (a stalled
+    # connection, a supervisor that cannot reach the database) cannot keep the handler
+    # believing it still owns the task.
     lease_expires_at: float = field(default=float("inf"), repr=False)
+    # Reads renewals that arrived but were not handled yet (a handler that held the GIL kept
+    # the reader thread from running), before the clock is allowed to call the lease lost.
+    _refresh: Callable[[], None] | None = field(default=None, repr=False)
+    # Set when the stored payload could not be decoded: the task fails without running.
+    undecodable: BaseException | None = field(default=None, repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -46,8 +56,19 @@ class Task:
         check it at safe points and stop.
         """
         if not self._lost.is_set() and time.monotonic() >= self.lease_expires_at:
-            self.mark_lost("lease expired before a renewal got through")
+            if self._refresh is not None:
+                self._refresh()
+            if not self._lost.is_set() and time.monotonic() >= self.lease_expires_at:
+                self.mark_lost("lease expired before a renewal got through")
+                emit("lease_lost", logging.WARNING, reason=self.cancel_reason, task_id=self.id,
+                     worker_id=self.worker_id, task_type=self.task_type,
+                     retry_count=self.retry_count)
         return self._lost.is_set()
+
+    def extend(self, expires_at: float) -> None:
+        """A renewal landed: the lease is ours until ``expires_at`` (monotonic)."""
+        if expires_at > self.lease_expires_at:
+            self.lease_expires_at = expires_at
 
     @property
     def cancel_reason(self) -> str | None:
@@ -71,12 +92,29 @@ class Task:
 
     @classmethod
     def from_row(cls, row: dict, *, worker_id: str,
-                 connection: Callable[[], ContextManager] | None = None) -> "Task":
+                 connection: Callable[[], ContextManager] | None = None,
+                 refresh: Callable[[], None] | None = None) -> "Task":
+        """A task from a claimed row; its payload is decoded by the worker (decode_payload)."""
+        payload = row["payload"]
         return cls(
             id=row["id"], name=row["name"], task_type=row["task_type"],
-            payload=row["payload"] if isinstance(row["payload"], dict) else {"value": row["payload"]},
+            payload=payload if isinstance(payload, dict) else {"value": payload},
             priority=row["priority"], retry_count=row["retry_count"],
             max_retries=row["max_retries"], worker_id=worker_id,
             attempts=row.get("attempts", 1), scheduled_time=row.get("scheduled_time"),
-            created_at=row.get("created_at"), _connection=connection,
+            created_at=row.get("created_at"), _connection=connection, _refresh=refresh,
         )
+
+
+def _big_int(text: str) -> int | Decimal:
+    # Python refuses to convert integers of more than 4300 digits (a denial-of-service
+    # guard); valid JSON from another language may hold one. Keep it exact as a Decimal.
+    try:
+        return int(text)
+    except ValueError:
+        return Decimal(text)
+
+
+def decode_payload(text: str) -> Any:
+    """The payload's JSON text as Python values; ValueError if it cannot be read."""
+    return json.loads(text, parse_int=_big_int)

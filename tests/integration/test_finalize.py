@@ -123,8 +123,8 @@ def _answer_lost_once(real, before_raise=lambda *args: None, *, write_first: boo
 def test_a_completion_whose_answer_was_lost_counts_as_completed(conn, make_worker, events,
                                                                 monkeypatch):
     worker = make_worker(types=["echo"])
-    write = _answer_lost_once(store.complete_task, write_first=True)
-    monkeypatch.setattr(store, "complete_task", write)
+    write = _answer_lost_once(store.complete_tasks, write_first=True)
+    monkeypatch.setattr(store, "complete_tasks", write)
     add_task(conn, "t1")
 
     outcome = worker.run_once()
@@ -161,8 +161,8 @@ def test_a_retried_final_write_still_yields_to_a_takeover(conn, db_dsn, make_wor
             taken.append(store.claim_task(other, worker_id="worker-2", task_types=["echo"],
                                           lease_seconds=30))
 
-    write = _answer_lost_once(store.complete_task, take_over, write_first=False)
-    monkeypatch.setattr(store, "complete_task", write)
+    write = _answer_lost_once(store.complete_tasks, take_over, write_first=False)
+    monkeypatch.setattr(store, "complete_tasks", write)
     add_task(conn, "t1")
 
     outcome = worker.run_once()

@@ -122,7 +122,7 @@ def test_worker_discards_its_result_when_the_claim_was_taken_over(conn, make_wor
     current = claim(conn, new_owner, types=(task_type,))
     before = task_row(conn, "t1")
 
-    outcome = worker.execute(stale_row)
+    outcome = worker.run_claimed([stale_row])[0]
 
     assert outcome.name == "stale"
     assert task_row(conn, "t1") == before

@@ -12,9 +12,9 @@ write waits on a row lock, a TCP path that stops relaying), never a patched stor
 - a connection that stops relaying cannot hide a lost lease from the handler, nor hang the
   worker once the handler stopped.
 
-One strict xfail marks what is still open: a final write sent on a connection whose peer
-stopped answering but still acknowledges TCP (a hung proxy) waits forever, since neither
-libpq nor psycopg's blocking API has a read timeout. It XPASSes, and so fails, once fixed.
+A final write sent on a connection whose peer stopped answering but still acknowledges TCP
+(a hung proxy) used to wait forever, since neither libpq nor psycopg's blocking API has a read
+timeout; it was a strict xfail until every statement of the worker got a read deadline.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from supervisor.db import store
 from supervisor.db.connect import connect
 from supervisor.errors import ConfigError, OperationalError
 from supervisor.worker.loop import Worker
-from supervisor.worker.main import open_pools
 from supervisor.worker.registry import load_handlers
 from tcpproxy import TcpProxy
 
@@ -322,30 +321,25 @@ def test_a_stalled_connection_cannot_hide_a_lost_lease_nor_hang_the_worker(
     assert not events.of("task_completed")
 
 
-# The daemon's children do not use make_worker's layout: supervisor/worker/main.py gives the
-# renewals a pool of their own with ONE connection. Two ways the fix falls short there when a
-# connection stalls without any TCP error (the peer's kernel still ACKs: a stalled server or
-# middlebox; keepalives and tcp_user_timeout never fire then). Strict xfails: they document
-# the gap, and turn into failures (XPASS) once it is closed.
+# A daemon's child opens its pool as worker/main.py does (open_pool) and has its leases renewed
+# by the supervisor, whose keeper uses a connection of its own. A connection may stall without
+# any TCP error (the peer's kernel still ACKs: a stalled server or middlebox; keepalives and
+# tcp_user_timeout never fire then): every statement the loop and the keeper send has a read
+# deadline (supervisor/db/deadline.py), past which the connection is cut and the statement
+# retried on another.
 
 
-def daemon_pools(loop_dsn: str, lease_dsn: str):
-    """The two pools of a daemon's child, opened exactly as the child opens them."""
-    return open_pools(loop_dsn, 1, "pgtaskd default#1", lease_dsn=lease_dsn)
+def test_with_the_daemons_pool_a_stalled_connection_does_not_hang_the_worker(conn, db_dsn):
+    from supervisor.worker.loop import STATEMENT_DEADLINE, open_pool
 
-
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="not fixed by d810a2d: with the child's own lease pool, the loop's "
-                          "pool keeps the claim's stalled connection idle, and the final write "
-                          "waits on it forever (no statement or socket timeout)")
-def test_with_the_daemons_pools_a_stalled_connection_does_not_hang_the_worker(conn, db_dsn):
     with proxy_to(db_dsn) as proxy:
         proxy_dsn = via(db_dsn, proxy)
         config = make_config(proxy_dsn, lease={"seconds": LEASE, "renew_interval": 1.0},
                              database={"connect_timeout": 1})
         seen: dict = {}
-        pool, lease_pool = daemon_pools(proxy_dsn, proxy_dsn)
-        worker = Worker(config, pool=pool, lease_pool=lease_pool, worker_id="worker-1",
+        pool = open_pool(proxy_dsn, connect_timeout=1, name="pgtaskd default#1")
+        pool.open(wait=True, timeout=10)
+        worker = Worker(config, pool=pool, worker_id="worker-1",
                         handlers={"stalled": stalling_handler(proxy, seen)})
         add_task(conn, "t1", "stalled", max_retries=3)
         runner = threading.Thread(target=worker.run_once, daemon=True)
@@ -354,28 +348,35 @@ def test_with_the_daemons_pools_a_stalled_connection_does_not_hang_the_worker(co
             wait_until(lambda: "stopped" in seen, timeout=LEASE + 10,
                        message="the handler to see the task as no longer its own")
             proxy.thaw(existing=False)
-            runner.join(10)
+            runner.join(STATEMENT_DEADLINE + 10)
             assert not runner.is_alive(), "the run never ends: its final write waits on the " \
                                           "claim's stalled connection"
         finally:
             proxy.thaw()  # the stalled connections answer at last: the run ends
             runner.join(30)
-            lease_pool.close()
+            worker.leases.stop()
             pool.close()
+    stored = task_row(conn, "t1")
+    assert (stored["status"], stored["retry_count"]) == ("PENDING", 1), stored
 
 
 def test_after_a_stalled_renewal_the_next_task_can_still_renew_its_lease(conn, db_dsn):
+    from supervisor.worker.leases import LocalLeases
+    from supervisor.worker.loop import open_pool
+
     with proxy_to(db_dsn) as proxy:
         # Only the renewals go through the proxy: the loop's pool goes straight to PostgreSQL.
         config = make_config(db_dsn, lease={"seconds": LEASE, "renew_interval": 1.0},
                              database={"connect_timeout": 1})
         first: dict = {}
         second: dict = {}
-        pool, lease_pool = daemon_pools(db_dsn, via(db_dsn, proxy))
+        pool = open_pool(db_dsn, connect_timeout=1, name="pgtaskd default#1")
+        pool.open(wait=True, timeout=10)
         handlers = {"stalled": stalling_handler(proxy, first),
                     "long": lambda task: second.setdefault("cancelled", _runs_past_lease(task))}
-        worker = Worker(config, pool=pool, lease_pool=lease_pool, worker_id="worker-1",
-                        handlers=handlers)
+        worker = Worker(config, pool=pool, worker_id="worker-1", handlers=handlers,
+                        leases=lambda w: LocalLeases(via(db_dsn, proxy), config, w,
+                                                     worker_id="worker-1", pool_name="default"))
         try:
             add_task(conn, "t1", "stalled", max_retries=0)  # not to be claimed again below
             assert worker.run_once().name == "failed"
@@ -388,7 +389,7 @@ def test_after_a_stalled_renewal_the_next_task_can_still_renew_its_lease(conn, d
             assert outcome.name == "completed", outcome
         finally:
             proxy.thaw()
-            lease_pool.close()
+            worker.leases.stop()
             pool.close()
 
 

@@ -93,7 +93,7 @@ def make_worker(db_dsn):
     pools = []
 
     def build(config=None, *, worker_id: str = "worker-1", types=None, handlers=None,
-              dsn: str | None = None) -> Worker:
+              dsn: str | None = None, batch_size: int = 1) -> Worker:
         """``dsn`` (default: the test database) is where the worker's connections go, e.g.
         through a tests/tcpproxy.py proxy."""
         config = config or make_config(db_dsn)
@@ -104,11 +104,15 @@ def make_worker(db_dsn):
         pool = open_pool(dsn or db_dsn, connect_timeout=config.database.connect_timeout,
                          name=f"pgtaskd test {worker_id}")
         pool.open(wait=True, timeout=10)
-        pools.append(pool)
-        return Worker(config, pool=pool, handlers=handlers, worker_id=worker_id)
+        worker = Worker(config, pool=pool, handlers=handlers, worker_id=worker_id,
+                        batch_size=batch_size, handler_dsn=dsn or db_dsn)
+        pools.append((pool, worker))
+        return worker
 
     yield build
-    for pool in pools:
+    for pool, worker in pools:
+        worker.leases.stop()
+        worker.close()
         pool.close()
 
 
@@ -120,6 +124,6 @@ def looping(worker: Worker, join_timeout: float = 15.0):
     try:
         yield thread
     finally:
-        worker.stop_event.set()
+        worker.stop()
         thread.join(join_timeout)
         assert not thread.is_alive(), f"worker {worker.worker_id} did not stop in {join_timeout} s"

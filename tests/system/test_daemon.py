@@ -326,7 +326,7 @@ def test_sighup_with_broken_yaml_changes_nothing(start_daemon, conn):
     assert "processes: 2" in good_yaml
     for broken, why in (("pools:\n  default: {processes: 5\n", "invalid YAML"),
                         (good_yaml.replace("processes: 2", "processes: -1"),
-                         "pools.default.processes: must be at least 0")):
+                         "pools.default.processes: must be from 0 to 512, got -1")):
         d.write_raw_config(broken)
         mark = d.mark()
         d.send(signal.SIGHUP)

@@ -126,16 +126,17 @@ def test_a_subprocess_of_a_killed_child_dies_before_its_task_runs_again(start_da
 def test_subprocesses_die_with_a_child_killed_when_its_stop_grace_runs_out(start_daemon, conn,
                                                                           sleepers):
     d = start_daemon(pools={"default": {"processes": 1}}, handlers={"types": SLEEPER_TYPES},
-                     shutdown_timeout=1)
+                     shutdown_timeout=1, reload_timeout=1)
     add_task(conn, "export-1", "export", {"seconds": 60}, max_retries=3)
     first = wait_until(lambda: sleepers("export-1"), timeout=15,
                        message="the handler to start its subprocess")[0]
 
-    # Reload: the old child gets shutdown_timeout to finish, then SIGKILL.
+    # Reload with a reload_timeout: the old child gets that long to finish, then SIGKILL, and
+    # the killed run counts as a failed attempt.
     mark = d.mark()
     d.send(signal.SIGHUP)
     d.wait_for("worker_stop_timeout", since=mark, child_pid=first.worker_pid, timeout=20)
-    d.wait_for("task_released", since=mark, task_id="export-1", released=True)
+    d.wait_for("task_retry_scheduled", since=mark, task_id="export-1", rescued=True)
     wait_gone(first.sleeper_pid, 5, "the subprocess of the child killed after the reload")
     runs = wait_until(lambda: len(sleepers("export-1")) >= 2 and sleepers("export-1"),
                       timeout=15, message="the task to run again in the new generation")

@@ -1,14 +1,12 @@
-"""DSNs printed without passwords, and the child-to-parent pipe's line protocol."""
+"""DSNs printed without passwords, and the supervisor-child link's packets."""
 
 from __future__ import annotations
 
-import json
-import os
+import time
 
 import pytest
-from hypothesis import given, strategies as st
 
-from supervisor.channel import MAX_MESSAGE, ChildChannel, LineReader
+from supervisor.channel import MAX_PACKET, Link, socket_pair
 from supervisor.db.connect import connection_failure, describe_target, redact_dsn
 
 
@@ -54,95 +52,74 @@ def test_a_connection_failure_message_never_carries_the_password():
     assert str(error).startswith("cannot connect to PostgreSQL at db:5432/tasks: ")
 
 
-# -- the channel ------------------------------------------------------------------------------
+# -- the link -----------------------------------------------------------------------------------
 
-def encode(*messages: dict) -> bytes:
-    return b"".join(json.dumps(m).encode() + b"\n" for m in messages)
-
-
-def test_a_message_split_across_reads_comes_out_whole_once():
-    reader = LineReader()
-    data = encode({"kind": "claimed", "task_id": "t1", "token": 7})
-    assert reader.feed(data[:5]) == []
-    assert reader.feed(data[5:-1]) == []
-    assert reader.feed(data[-1:]) == [{"kind": "claimed", "task_id": "t1", "token": 7}]
-    assert reader.feed(b"") == []
+@pytest.fixture
+def link_pair():
+    """(supervisor end, child end) of a real socketpair, as the supervisor sets them up."""
+    parent_sock, child_sock = socket_pair()
+    parent, child = Link(parent_sock, blocking=False), Link(child_sock, blocking=True)
+    yield parent, child
+    parent.close()
+    child.close()
 
 
-def test_several_messages_in_one_read_come_out_in_order():
-    reader = LineReader()
-    assert [m["kind"] for m in reader.feed(encode({"kind": "booted"}, {"kind": "claimed"},
-                                                  {"kind": "done"}))] == \
-        ["booted", "claimed", "done"]
+def test_messages_arrive_whole_and_in_order_both_ways(link_pair):
+    parent, child = link_pair
+    assert child.send("claimed", claims=[["t1", 7, "echo"]], done=[])
+    assert child.send("idle", since=1.5, done=[7])
+    assert parent.receive() == ([{"kind": "claimed", "claims": [["t1", 7, "echo"]], "done": []},
+                                 {"kind": "idle", "since": 1.5, "done": [7]}], True)
+    assert parent.send("wake")
+    assert parent.send("lease", tokens=[7], expires_at=12.5)
+    assert child.receive() == ([{"kind": "wake"}, {"kind": "lease", "tokens": [7],
+                                                   "expires_at": 12.5}], True)
 
 
-def test_torn_and_foreign_lines_are_skipped_without_losing_the_next_message():
-    reader = LineReader()
-    torn = encode({"kind": "claimed", "task_id": "t1"})[:12] + b"\n"
-    foreign = b"Traceback (most recent call last):\n\n[1, 2]\n{\"no_kind\": 1}\n"
-    messages = reader.feed(torn + foreign + encode({"kind": "done", "task_id": "t2"}))
-    assert messages == [{"kind": "done", "task_id": "t2"}]
+def test_receive_never_waits(link_pair):
+    parent, child = link_pair
+    started = time.monotonic()
+    assert child.receive() == ([], True)
+    assert parent.receive() == ([], True)
+    assert time.monotonic() - started < 0.5
 
 
-def test_invalid_utf8_does_not_break_the_reader():
-    reader = LineReader()
-    assert reader.feed(b"\xff\xfe\n" + encode({"kind": "done"})) == [{"kind": "done"}]
+def test_foreign_packets_are_skipped_without_losing_the_next_message(link_pair):
+    parent, child = link_pair
+    for junk in (b"\xff\xfe", b"Traceback (most recent call last):", b"[1, 2]", b'{"no_kind": 1}'):
+        child.sock.send(junk)
+    child.send("idle", since=2.0, done=[])
+    assert parent.receive() == ([{"kind": "idle", "since": 2.0, "done": []}], True)
 
 
-@given(st.lists(st.fixed_dictionaries({"kind": st.sampled_from(["claimed", "done"]),
-                                       "task_id": st.text(max_size=20)}), max_size=8),
-       st.lists(st.integers(min_value=0, max_value=400), max_size=10))
-def test_any_chunking_of_the_stream_gives_the_same_messages(messages, cuts):
-    data = encode(*messages)
-    reader = LineReader()
-    received = []
-    start = 0
-    for cut in sorted({min(c, len(data)) for c in cuts}) + [len(data)]:
-        received += reader.feed(data[start:cut])
-        start = cut
-    assert received == messages
+def test_a_message_too_large_for_one_packet_is_refused_not_cut(link_pair):
+    parent, child = link_pair
+    assert not child.send("claimed", claims=[["x" * MAX_PACKET, 1, "echo"]], done=[])
+    assert child.send("idle", since=1.0, done=[])
+    assert parent.receive() == ([{"kind": "idle", "since": 1.0, "done": []}], True)
 
 
-def test_child_channel_writes_lines_the_reader_understands():
-    read_fd, write_fd = os.pipe()
-    try:
-        channel = ChildChannel(write_fd)
-        channel.send("claimed", task_id="t1", token=3)
-        channel.send("done", task_id="t1", outcome="completed")
-        assert LineReader().feed(os.read(read_fd, 65536)) == [
-            {"kind": "claimed", "task_id": "t1", "token": 3},
-            {"kind": "done", "task_id": "t1", "outcome": "completed"}]
-    finally:
-        os.close(read_fd)
-        os.close(write_fd)
+def test_the_supervisor_end_drops_what_a_child_does_not_read(link_pair):
+    parent, _ = link_pair
+    sent = 0
+    while parent.send("lease", tokens=list(range(500)), expires_at=1.0):
+        sent += 1
+        assert sent < 100_000, "a non-blocking send never found the socket full"
+    # Full: the next send is dropped at once instead of stalling the supervisor.
+    started = time.monotonic()
+    assert not parent.send("wake")
+    assert time.monotonic() - started < 0.5
 
 
-def test_child_channel_drops_a_message_too_long_to_write_atomically():
-    # A torn write could interleave with the lease thread's; raising would abort the run of
-    # a task already claimed. Dropping it leaves the claim to the lease's expiry instead.
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(read_fd, False)
-    try:
-        channel = ChildChannel(write_fd)
-        channel.send("claimed", task_id="x" * MAX_MESSAGE, token=1)
-        channel.send("done", task_id="t1")
-        assert LineReader().feed(os.read(read_fd, 65536)) == [{"kind": "done", "task_id": "t1"}]
-    finally:
-        os.close(read_fd)
-        os.close(write_fd)
+def test_either_end_outlives_the_other(link_pair):
+    parent, child = link_pair
+    parent.close()
+    assert child.receive() == ([], False)
+    assert not child.send("idle", since=1.0, done=[])
+    assert child.closed
+    assert not child.send("idle", since=2.0, done=[])
 
 
-def test_child_channel_outlives_a_dead_parent():
-    read_fd, write_fd = os.pipe()
-    os.close(read_fd)
-    channel = ChildChannel(write_fd)
-    try:
-        channel.send("done", task_id="t1")
-        assert channel.fd is None
-        channel.send("done", task_id="t2")
-    finally:
-        os.close(write_fd)
-
-
-def test_a_channel_without_a_pipe_sends_nothing():
-    ChildChannel(None).send("booted", pid=1)
+def test_a_link_without_a_socket_sends_nothing():
+    link = Link.from_fd(None)
+    assert link.closed and not link.send("booted", pid=1)

@@ -1,0 +1,310 @@
+"""Lease renewal from outside the handler's interpreter, and settling orphaned claims.
+
+A worker's handler can hold the GIL for longer than a lease (a big regex, a compression
+call, a native library): a renewal thread inside the worker then cannot run, the lease
+lapses, and another worker starts the same task while the first still runs it. So the
+supervisor renews the leases of every claim its children hold, in one statement per round,
+on a thread of its own; it only needs each child's claims (from the pipe) and whether the
+child still lives. A child that is stopped (SIGSTOP, a debugger) is not renewed for: it
+makes no progress, and its task should pass to a worker that does.
+
+The same thread settles claims whose holder is gone, through a queue the main loop fills:
+a dead child's claim counts as a failed attempt at once, a claim the supervisor stopped on
+purpose is released without spending a retry. The main loop never waits on the database;
+a settling pass stops at the first connection error and is retried with backoff.
+
+``LeaseKeeper`` serves an in-process worker (``pgtaskd worker``, the tests) the same way,
+with a holder that updates the worker's tasks directly.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import psycopg
+
+from . import metrics
+from .config import RetryConfig
+from .db import store
+from .db.connect import LazyConnection
+from .db.deadline import within
+from .errors import OperationalError
+from .logs import emit
+
+# A renewal round also renews claims due within this fraction of the renew interval, so a
+# daemon's claims fall into step and one statement serves them all.
+GROUPING = 0.5
+# The longest a renewal or settling statement may wait for an answer.
+MAX_STATEMENT_SECONDS = 10.0
+SETTLE_MAX_BACKOFF = 30.0
+
+
+class Holder(Protocol):
+    """Who holds claims: told of every renewal and every loss."""
+    label: str
+
+    def alive(self) -> bool: ...
+
+    def renewed(self, tokens: list[int], expires_at: float) -> None: ...
+
+    def lost(self, token: int, reason: str) -> None: ...
+
+
+@dataclass(eq=False)
+class Held:
+    task_id: str
+    token: int
+    task_type: str
+    worker_id: str
+    pool: str
+    holder: Holder
+    due: float = 0.0  # monotonic time of the next renewal
+
+    def claim(self) -> store.Claim:
+        return store.Claim(self.task_id, self.worker_id, self.token)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """Claims to settle: ``rescue`` counts the run as a failed attempt (its worker died),
+    ``release`` gives the task back without spending a retry (we stopped the worker)."""
+    kind: str
+    claims: tuple[Held, ...]
+    reason: str
+
+
+class LeaseKeeper(threading.Thread):
+    def __init__(self, dsn: str, *, lease_seconds: float, renew_interval: float,
+                 retry: RetryConfig, connect_timeout: float = 5.0,
+                 application_name: str = "pgtaskd leases"):
+        super().__init__(name="leases", daemon=True)
+        self.lease_seconds = lease_seconds
+        self.renew_interval = renew_interval
+        self.retry = retry
+        self._db = LazyConnection(dsn, connect_timeout=connect_timeout,
+                                  application_name=application_name)
+        self._wakeup = threading.Condition()
+        self._held: dict[int, Held] = {}
+        self._settlements: collections.deque[Settlement] = collections.deque()
+        self._settle_at = 0.0
+        self._settle_failures = 0
+        self._renew_failing = False
+        self._stopping = False
+
+    # -- called from other threads (never blocks on the database) ----------------------------
+
+    def hold(self, claims: Sequence[Held]) -> None:
+        """Start renewing these claims, first at one renew interval from now."""
+        due = time.monotonic() + self.renew_interval
+        with self._wakeup:
+            # No notify: the thread already wakes within one renew interval, before these
+            # are due, and waking it per claim costs the supervisor a thread switch each.
+            for held in claims:
+                held.due = due
+                self._held[held.token] = held
+
+    def drop(self, tokens: Sequence[int]) -> None:
+        """Stop renewing these claims: settled by their holder."""
+        with self._wakeup:
+            for token in tokens:
+                self._held.pop(token, None)
+
+    def drop_holder(self, holder: Holder) -> list[Held]:
+        """Stop renewing everything ``holder`` held; returns those claims."""
+        with self._wakeup:
+            claims = [h for h in self._held.values() if h.holder is holder]
+            for held in claims:
+                del self._held[held.token]
+        return claims
+
+    def settle(self, kind: str, claims: Sequence[Held], reason: str) -> None:
+        if not claims:
+            return
+        with self._wakeup:
+            for held in claims:
+                self._held.pop(held.token, None)
+            self._settlements.append(Settlement(kind, tuple(claims), reason))
+            self._wakeup.notify()
+
+    def unsettled(self) -> list[str]:
+        """Task ids still waiting to be settled."""
+        with self._wakeup:
+            return [h.task_id for s in self._settlements for h in s.claims]
+
+    def held_count(self) -> int:
+        with self._wakeup:
+            return len(self._held)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify()
+        self.join(timeout)
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while True:
+            with self._wakeup:
+                if self._stopping:
+                    break
+                self._wakeup.wait(self._next_wait())
+                if self._stopping:
+                    break
+            self.settle_pending()
+            self.renew_due()
+        # One last pass: claims released at shutdown should not wait for their leases.
+        self.settle_pending()
+        self._db.close()
+
+    def _next_wait(self) -> float:
+        now = time.monotonic()
+        times = [now + self.renew_interval]
+        times += [h.due for h in self._held.values()]
+        if self._settlements:
+            times.append(self._settle_at)
+        return max(0.0, min(times) - now)
+
+    def _deadline(self) -> float:
+        return max(1.0, min(MAX_STATEMENT_SECONDS, self.renew_interval))
+
+    # -- renewals ----------------------------------------------------------------------------
+
+    def renew_due(self) -> None:
+        now = time.monotonic()
+        horizon = now + self.renew_interval * GROUPING
+        with self._wakeup:
+            due = [h for h in self._held.values() if h.due <= horizon]
+        due = [h for h in due if h.holder.alive()]
+        if not due:
+            return
+        sent_at = time.monotonic()
+        try:
+            conn = self._db.get()
+            with within(conn, self._deadline()):
+                renewed = store.renew_leases(conn, [h.claim() for h in due],
+                                             lease_seconds=self.lease_seconds)
+                lost = [h for h in due if h.token not in renewed]
+                states = store.claim_states(conn, [h.task_id for h in lost]) if lost else {}
+        except (psycopg.Error, OperationalError) as exc:
+            self._db.close()
+            self._renew_failed(exc, due)
+            return
+        if self._renew_failing:
+            self._renew_failing = False
+            emit("lease_renew_recovered")
+        expires_at = sent_at + self.lease_seconds
+        next_due = sent_at + self.renew_interval
+        by_holder: dict[int, tuple[Holder, list[int]]] = {}
+        with self._wakeup:
+            for held in due:
+                if held.token in renewed and self._held.get(held.token) is held:
+                    held.due = next_due
+                    by_holder.setdefault(id(held.holder), (held.holder, []))[1].append(held.token)
+            for held in lost:
+                self._held.pop(held.token, None)
+        for holder, tokens in by_holder.values():
+            holder.renewed(tokens, expires_at)
+        for held in due:
+            if held.token in renewed:
+                metrics.LEASE_RENEWALS.labels(held.pool, held.task_type).inc()
+                emit("lease_renewed", task_id=held.task_id, worker_id=held.worker_id,
+                     task_type=held.task_type, pool=held.pool)
+        for held in lost:
+            self._tell_lost(held, states.get(held.task_id))
+
+    def _renew_failed(self, exc: BaseException, due: list[Held]) -> None:
+        # Try again soon: a lease has lease.seconds to live, and the next try may connect.
+        retry_at = time.monotonic() + min(1.0, self.renew_interval / 4)
+        with self._wakeup:
+            for held in due:
+                held.due = retry_at
+        if not self._renew_failing:
+            self._renew_failing = True
+            emit("lease_renew_failed", logging.WARNING, error=_one_line(exc),
+                 claims=len(due))
+
+    def _tell_lost(self, held: Held, state: dict | None) -> None:
+        if state and state["lease_token"] == held.token and state["status"] != "RUNNING":
+            # The owner's own final write, reported to us later than it landed: not a loss.
+            return
+        status = state["status"] if state else "DELETED"
+        fields = dict(task_id=held.task_id, worker_id=held.worker_id,
+                      task_type=held.task_type, pool=held.pool)
+        if status == "CANCELLED":
+            reason = "cancelled"
+            emit("task_cancelled", while_running=True, **fields)
+        else:
+            reason = f"lease lost (task is now {status})"
+            emit("lease_lost", logging.WARNING, status=status, **fields)
+        held.holder.lost(held.token, reason)
+
+    # -- settling ----------------------------------------------------------------------------
+
+    def settle_pending(self) -> None:
+        with self._wakeup:
+            if not self._settlements or time.monotonic() < self._settle_at:
+                return
+        while True:
+            with self._wakeup:
+                if not self._settlements:
+                    break
+                settlement = self._settlements[0]
+            try:
+                conn = self._db.get()
+                with within(conn, self._deadline()):
+                    self._settle_one(conn, settlement)
+            except (psycopg.Error, OperationalError) as exc:
+                self._db.close()
+                self._settle_failures += 1
+                delay = min(2.0 ** self._settle_failures, SETTLE_MAX_BACKOFF)
+                with self._wakeup:
+                    self._settle_at = time.monotonic() + delay
+                # The lease will expire and a reaper will settle it if we never can. The
+                # first line is the error itself; later ones are context.
+                emit("rescue_deferred", logging.WARNING,
+                     task_id=settlement.claims[0].task_id, tasks=len(settlement.claims),
+                     error=str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc),
+                     retry_in=round(delay, 1))
+                return
+            with self._wakeup:
+                self._settlements.popleft()
+            self._settle_failures = 0
+
+    def _settle_one(self, conn, settlement: Settlement) -> None:
+        if settlement.kind == "release":
+            released = store.release_tasks(conn, [(h.task_id, h.token) for h in settlement.claims])
+            for held in settlement.claims:
+                emit("task_released", task_id=held.task_id, task_type=held.task_type,
+                     released=held.task_id in released, pool=held.pool)
+            return
+        for held in settlement.claims:
+            self._rescue(conn, held, settlement.reason)
+
+    def _rescue(self, conn, held: Held, reason: str) -> None:
+        row = store.rescue_task(conn, held.task_id, held.token, error=reason, retry=self.retry)
+        if row is None:
+            emit("rescue_skipped", task_id=held.task_id, task_type=held.task_type,
+                 reason="the claim was already settled or lost")
+            return
+        metrics.TASKS_RESCUED.labels(held.pool, held.task_type).inc()
+        if row["status"] == "FAILED":
+            metrics.TASKS_FAILED.labels(held.pool, held.task_type).inc()
+            emit("task_failed", logging.ERROR, task_id=row["id"], task_type=held.task_type,
+                 retry_count=row["retry_count"], error=reason, rescued=True, pool=held.pool)
+        else:
+            metrics.TASKS_RETRIED.labels(held.pool, held.task_type).inc()
+            emit("task_retry_scheduled", logging.WARNING, task_id=row["id"],
+                 task_type=held.task_type, retry_count=row["retry_count"],
+                 retry_delay=round(row["retry_delay"], 3), error=reason, rescued=True,
+                 pool=held.pool)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__

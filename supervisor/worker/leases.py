@@ -1,0 +1,242 @@
+"""Who renews a worker's leases, and how the worker hears about them.
+
+In the daemon, the supervisor renews every lease its children hold (supervisor/leases.py),
+from outside the handler's interpreter, so a handler that holds the GIL cannot starve its
+own lease. The child tells it what it claimed and settled over the link; an inbox thread
+applies what the supervisor answers: renewals, lost claims and wake-ups.
+
+A worker run on its own (``pgtaskd worker``, the tests) gets a LeaseKeeper thread in its own
+process instead, through the same keeper code, with the GIL caveat that implies.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from typing import Protocol, Sequence
+
+from ..channel import Link
+from ..config import Config
+from ..leases import Held, LeaseKeeper
+from .task import Task
+
+
+class LeaseHolder(Protocol):
+    """The worker's side of lease renewal."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def hold(self, tasks: Sequence[Task], tokens: Sequence[int]) -> bool:
+        """Have these claims renewed; False if that cannot be arranged (do not run them)."""
+
+    def drop(self, tokens: Sequence[int]) -> None:
+        """These claims are settled: stop renewing them."""
+
+    def idle(self, since: float) -> None:
+        """Nothing was due at ``since``; the worker now waits for a wake-up or a poll."""
+
+    def wait(self, timeout: float, woken: threading.Event) -> None:
+        """Block until ``woken`` is set, ``interrupt()`` is called, or ``timeout`` passes."""
+
+    def interrupt(self) -> None:
+        """End a ``wait`` now (safe to call from a signal handler)."""
+
+
+class WorkerHooks(Protocol):
+    def on_renewed(self, tokens: Sequence[int], expires_at: float) -> None: ...
+
+    def on_lost(self, token: int, reason: str) -> None: ...
+
+    def on_wake(self) -> None: ...
+
+
+class SupervisedLeases:
+    """A daemon child's side: the supervisor renews, an inbox thread listens.
+
+    Settled claims are reported with the child's next message (its next claims, or the
+    "idle" that says it found none) rather than one message each: a message costs the
+    supervisor a wake-up, and renewing a claim its owner already settled is harmless (the
+    keeper sees the owner's token on the finished row and forgets the claim).
+    """
+
+    def __init__(self, link: Link, worker: WorkerHooks, *, pool_name: str):
+        self.link = link
+        self.worker = worker
+        self.pool_name = pool_name
+        self._settled: list[int] = []
+        self._read_lock = threading.Lock()
+        # The inbox thread reads only while the worker is busy: an idle worker waits on the
+        # link itself, so a wake-up reaches it without a hop through another thread.
+        self._busy = threading.Event()
+        self._busy.set()
+        self._interrupt_r, self._interrupt_w = _pipe()
+        self._park_r, self._park_w = _pipe()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="inbox", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._send_settled()
+        self._stopping = True
+        self._busy.set()
+        _poke(self._park_w)
+        self._thread.join(2.0)
+
+    def hold(self, tasks: Sequence[Task], tokens: Sequence[int]) -> bool:
+        claims = [[task.id, token, task.task_type] for task, token in zip(tasks, tokens)]
+        settled, self._settled = self._settled, []
+        return self.link.send("claimed", claims=claims, done=settled)
+
+    def drop(self, tokens: Sequence[int]) -> None:
+        self._settled.extend(tokens)
+
+    def idle(self, since: float) -> None:
+        settled, self._settled = self._settled, []
+        self.link.send("idle", since=since, done=settled)
+
+    def wait(self, timeout: float, woken: threading.Event) -> None:
+        fd = self.link.fileno()
+        deadline = time.monotonic() + timeout
+        self._busy.clear()
+        # Get the inbox thread out of its select, so that a wake-up wakes this thread alone.
+        _poke(self._park_w)
+        try:
+            while not woken.is_set() and fd >= 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                try:
+                    readable, _, _ = select.select([fd, self._interrupt_r], [], [], left)
+                except (OSError, ValueError):
+                    return
+                if self._interrupt_r in readable:
+                    _empty(self._interrupt_r)
+                    return
+                if readable and not self._drain():
+                    return
+        finally:
+            self._busy.set()
+
+    def interrupt(self) -> None:
+        _poke(self._interrupt_w)
+
+    def _send_settled(self) -> None:
+        settled, self._settled = self._settled, []
+        if settled:
+            self.link.send("done", tokens=settled)
+
+    def refresh(self) -> None:
+        """Apply whatever the supervisor sent and the inbox thread has not read yet."""
+        self._drain()
+
+    def _run(self) -> None:
+        fd = self.link.fileno()
+        while fd >= 0 and not self._stopping:
+            self._busy.wait()
+            try:
+                readable, _, _ = select.select([fd, self._park_r], [], [])
+            except (OSError, ValueError):
+                return
+            if self._park_r in readable:
+                _empty(self._park_r)
+            elif readable and self._busy.is_set() and not self._drain():
+                return  # the supervisor is gone; PR_SET_PDEATHSIG stops this child
+
+    def _drain(self) -> bool:
+        with self._read_lock:
+            messages, open_ = self.link.receive()
+            for message in messages:
+                self._apply(message)
+        return open_
+
+    def _apply(self, message: dict) -> None:
+        kind = message.get("kind")
+        if kind == "wake":
+            self.worker.on_wake()
+        elif kind == "lease":
+            self.worker.on_renewed(message.get("tokens") or [], float(message["expires_at"]))
+        elif kind == "lost":
+            self.worker.on_lost(message["token"], str(message.get("reason") or "lost"))
+
+
+class LocalLeases:
+    """A worker without a supervisor renews through a keeper thread of its own."""
+
+    def __init__(self, dsn: str, config: Config, worker: WorkerHooks, *, worker_id: str,
+                 pool_name: str):
+        self.worker = worker
+        self.worker_id = worker_id
+        self.pool_name = pool_name
+        self.label = worker_id
+        self.keeper = LeaseKeeper(dsn, lease_seconds=config.lease.seconds,
+                                  renew_interval=config.lease.renew_interval,
+                                  retry=config.retry,
+                                  connect_timeout=config.database.connect_timeout,
+                                  application_name=f"pgtaskd {pool_name} leases")
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self.keeper.start()
+
+    def stop(self) -> None:
+        if self._started:
+            self.keeper.stop()
+
+    def hold(self, tasks: Sequence[Task], tokens: Sequence[int]) -> bool:
+        self.start()
+        self.keeper.hold([Held(task.id, token, task.task_type, self.worker_id, self.pool_name,
+                               holder=self) for task, token in zip(tasks, tokens)])
+        return True
+
+    def drop(self, tokens: Sequence[int]) -> None:
+        self.keeper.drop(tokens)
+
+    def idle(self, since: float) -> None:
+        pass
+
+    def wait(self, timeout: float, woken: threading.Event) -> None:
+        woken.wait(timeout)
+
+    def interrupt(self) -> None:
+        pass  # Worker.stop() sets the event wait() waits on
+
+    # -- the keeper's Holder interface ---------------------------------------------------------
+
+    def alive(self) -> bool:
+        return True
+
+    def renewed(self, tokens: list[int], expires_at: float) -> None:
+        self.worker.on_renewed(tokens, expires_at)
+
+    def lost(self, token: int, reason: str) -> None:
+        self.worker.on_lost(token, reason)
+
+
+def _pipe() -> tuple[int, int]:
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    os.set_blocking(write_fd, False)
+    return read_fd, write_fd
+
+
+def _poke(fd: int) -> None:
+    try:
+        os.write(fd, b"x")
+    except (BlockingIOError, OSError):
+        pass
+
+
+def _empty(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
