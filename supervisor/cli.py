@@ -133,30 +133,46 @@ def build_parser() -> argparse.ArgumentParser:
         "pgtaskd check-config -c etc/pgtaskd.yaml")
 
     bench = _command(
-        commands, "bench", "measure the throughput of a real daemon",
-        "Start a daemon with one pool of no-op workers, submit --tasks tasks at once, and time "
-        "how long the daemon takes to complete them. Prints each run and the median. Runs in "
-        "a schema of its own on the configured database, dropped afterwards.",
-        "pgtaskd bench -c etc/pgtaskd.yaml --tasks 20000 --processes 4 --runs 5")
-    bench.add_argument("--tasks", type=_positive_int, default=10000, metavar="N",
-                       help="tasks per run (default 10000)")
+        commands, "bench", "measure throughput, pickup latency and memory",
+        "In a schema of its own on the configured database (created and dropped by each run), "
+        "measure: submit one task per call; submit_many; the claim-and-complete SQL driven by "
+        "bare processes (the ceiling); a real daemon draining --tasks no-op tasks; and the "
+        "pickup latency of idle workers (one task submitted at a random moment, time until its "
+        "handler starts). Prints every run, the medians, the drain as a percentage of the "
+        "ceiling, the daemon's memory and the CPU each process kind spent per task.",
+        "pgtaskd bench -c etc/pgtaskd.yaml\n"
+        "pgtaskd bench --tasks 20000 --processes 2 --batch-size 10 --runs 5 --json")
+    bench.add_argument("--tasks", type=_positive_int, default=5000, metavar="N",
+                       help="tasks per run for submit_many, the ceiling and the drain "
+                            "(default 5000; submit one per call uses at most 5000)")
     bench.add_argument("--processes", type=_positive_int, default=2, metavar="N",
-                       help="worker children (default 2)")
+                       help="worker processes, for the daemon and the ceiling (default 2)")
+    bench.add_argument("--batch-size", type=_positive_int, default=1, metavar="N",
+                       help="tasks claimed per statement (pools.<name>.batch_size, default 1)")
     bench.add_argument("--runs", type=_positive_int, default=3, metavar="N",
                        help="how many runs; the median is reported (default 3)")
+    bench.add_argument("--latency-samples", type=_non_negative_int, default=200, metavar="N",
+                       help="pickup latency samples per run (default 200; 0 skips it)")
 
     _add_task_commands(commands)
     return parser
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _int_at_least(minimum: int):
+    """An argparse type: a whole number no smaller than ``minimum``."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return convert
+
+
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def _add_task_commands(commands) -> None:
