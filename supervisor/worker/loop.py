@@ -52,6 +52,7 @@ RECONNECT_FOREVER = 365 * 24 * 3600.0
 # A batch's waiting tasks are given back once the handler ahead of them ran this long (or a
 # quarter of the lease, if that is shorter).
 BATCH_HOLD = 1.0
+GUARD_POLL = 0.25
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,7 @@ class Worker:
                 if batch:
                     self.run_batch(batch)
                 elif not self.stop_event.is_set():
+                    self.on_title("idle")
                     self.leases.idle(since)
                     self.leases.wait(self.config.poll_interval, self.wake_event)
             self.flush()
@@ -312,8 +314,8 @@ class Worker:
             # run once they expire. Give them back instead.
             self._give_back(batch, reason="the supervisor did not take the claims")
             return []
+        _count(metrics.TASKS_CLAIMED, self.pool_name, (task for task, _ in batch))
         for task, token in batch:
-            metrics.TASKS_CLAIMED.labels(self.pool_name, task.task_type).inc()
             emit("task_claimed", token=token, attempt=task.attempts, **self._fields(task))
         return batch
 
@@ -330,8 +332,9 @@ class Worker:
                     rest, self._waiting = list(self._waiting), collections.deque()
                     break
                 task, token = self._waiting.popleft()
+                # The guard looks at this every GUARD_POLL; waking it per task would cost a
+                # thread switch each.
                 self._running_since = time.monotonic()
-                self._batch.notify_all()
             try:
                 self.execute(task, token)
             finally:
@@ -378,7 +381,6 @@ class Worker:
                 raise
             error = exc
         duration = time.monotonic() - started
-        self.on_title("idle")
         if error is None:
             # Even if the task stopped being ours while the handler ran, the write is tried:
             # the token condition decides, and a lost claim drops the result as stale.
@@ -431,9 +433,10 @@ class Worker:
             # A retried write: an earlier try may have landed with its answer lost.
             landed = set(landed) | self._own_writes([d.claim for d in missing])
         settled = []
+        _count(metrics.TASKS_COMPLETED, self.pool_name,
+               (item.task for item in done if item.claim.token in landed))
         for item in done:
             if item.claim.token in landed:
-                metrics.TASKS_COMPLETED.labels(self.pool_name, item.task.task_type).inc()
                 emit("task_completed", **item.fields)
                 outcome = Outcome("completed", "COMPLETED", item.task.retry_count)
             else:
@@ -530,11 +533,11 @@ class Worker:
             with self._batch:
                 since = self._running_since
                 if since is None or not (self._waiting or self._done):
-                    self._batch.wait(1.0)
+                    self._batch.wait(GUARD_POLL)
                     continue
                 left = since + self.batch_hold - time.monotonic()
                 if left > 0:
-                    self._batch.wait(left)
+                    self._batch.wait(min(left, GUARD_POLL))
                     continue
                 waiting, self._waiting = list(self._waiting), collections.deque()
                 done, self._done = self._done, []
@@ -581,6 +584,13 @@ class Worker:
     def _fields(self, task: Task) -> dict:
         return {"task_id": task.id, "worker_id": self.worker_id, "task_type": task.task_type,
                 "retry_count": task.retry_count, "pool": self.pool_name}
+
+
+def _count(counter, pool: str, tasks) -> None:
+    """One increment per task type rather than per task: each costs a lock and a write."""
+    by_type = collections.Counter(task.task_type for task in tasks)
+    for task_type, number in by_type.items():
+        counter.labels(pool, task_type).inc(number)
 
 
 class AlreadyWritten:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,8 +27,9 @@ class Task:
     attempts: int = 1
     scheduled_time: datetime | None = None
     created_at: datetime | None = None
-    _lost: threading.Event = field(default_factory=threading.Event, repr=False)
-    _lost_reason: list[str] = field(default_factory=list, repr=False)
+    # The first reason the task stopped being ours, once it did (set by the lease holder's
+    # thread, read by the handler's: one reference assignment, atomic).
+    _lost_reason: str | None = field(default=None, repr=False)
     _connection: Callable[[], ContextManager] | None = field(default=None, repr=False)
     # When the lease runs out by this worker's monotonic clock unless a renewal lands first.
     # Checked by is_cancelled() itself, so renewals that stopped getting through (a stalled
@@ -55,15 +55,15 @@ class Task:
         too, since another worker may own the task by then. A handler doing long work should
         check it at safe points and stop.
         """
-        if not self._lost.is_set() and time.monotonic() >= self.lease_expires_at:
+        if self._lost_reason is None and time.monotonic() >= self.lease_expires_at:
             if self._refresh is not None:
                 self._refresh()
-            if not self._lost.is_set() and time.monotonic() >= self.lease_expires_at:
+            if self._lost_reason is None and time.monotonic() >= self.lease_expires_at:
                 self.mark_lost("lease expired before a renewal got through")
                 emit("lease_lost", logging.WARNING, reason=self.cancel_reason, task_id=self.id,
                      worker_id=self.worker_id, task_type=self.task_type,
                      retry_count=self.retry_count)
-        return self._lost.is_set()
+        return self._lost_reason is not None
 
     def extend(self, expires_at: float) -> None:
         """A renewal landed: the lease is ours until ``expires_at`` (monotonic)."""
@@ -72,7 +72,7 @@ class Task:
 
     @property
     def cancel_reason(self) -> str | None:
-        return self._lost_reason[0] if self._lost_reason else None
+        return self._lost_reason
 
     def raise_if_cancelled(self) -> None:
         if self.is_cancelled():
@@ -86,9 +86,8 @@ class Task:
         return self._connection()
 
     def mark_lost(self, reason: str) -> None:
-        if not self._lost.is_set():
-            self._lost_reason.append(reason)
-            self._lost.set()
+        if self._lost_reason is None:
+            self._lost_reason = reason
 
     @classmethod
     def from_row(cls, row: dict, *, worker_id: str,
@@ -115,6 +114,9 @@ def _big_int(text: str) -> int | Decimal:
         return Decimal(text)
 
 
+_DECODER = json.JSONDecoder(parse_int=_big_int)
+
+
 def decode_payload(text: str) -> Any:
     """The payload's JSON text as Python values; ValueError if it cannot be read."""
-    return json.loads(text, parse_int=_big_int)
+    return _DECODER.decode(text)
