@@ -9,8 +9,13 @@ import threading
 import psycopg
 
 from ..db.connect import LazyConnection
+from ..db.deadline import within
 from ..errors import OperationalError
 from ..logs import emit
+
+
+# A pass may take longer than its interval (a reaper catching up); it may not take forever.
+MIN_DEADLINE = 30.0
 
 
 class PeriodicService(threading.Thread):
@@ -43,9 +48,13 @@ class PeriodicService(threading.Thread):
         self._close()
 
     def tick(self) -> None:
-        """One run_once() that never raises: a failure is logged when it starts and ends."""
+        """One run_once() that never raises: a failure is logged when it starts and ends.
+
+        Its statements share a read deadline: a connection whose peer stopped answering is
+        cut rather than left to hold this service's thread forever."""
         try:
-            self.run_once()
+            with within(self.connection(), max(self.interval, MIN_DEADLINE)):
+                self.run_once()
         except (psycopg.Error, OperationalError) as exc:
             self._close()
             self.on_failure(exc)

@@ -195,10 +195,6 @@ class Worker:
         emit("worker_started", worker_id=self.worker_id, pool=self.pool_name,
              task_types=list(self.task_types), batch_size=self.batch_size)
         self.leases.start()
-        if self.batch_size > 1:
-            self._guard = threading.Thread(target=self._guard_batches, name="batch-guard",
-                                           daemon=True)
-            self._guard.start()
         try:
             while not self.stop_event.is_set():
                 # Cleared before the claim: a wake-up that arrives while it runs is kept.
@@ -324,6 +320,10 @@ class Worker:
     def run_batch(self, batch: list[tuple[Task, int]]) -> None:
         """Run a claimed batch in order. On a stop, the running task finishes and what never
         started goes back to the queue without spending a retry."""
+        if len(batch) > 1 and self._guard is None:
+            self._guard = threading.Thread(target=self._guard_batches, name="batch-guard",
+                                           daemon=True)
+            self._guard.start()
         with self._batch:
             self._waiting = collections.deque(batch)
         while True:

@@ -111,6 +111,7 @@ def make_worker(db_dsn):
 
     yield build
     for pool, worker in pools:
+        worker.stop()
         worker.leases.stop()
         worker.close()
         pool.close()

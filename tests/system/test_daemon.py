@@ -20,34 +20,14 @@ from conftest import add_task, task_row, wait_until
 from daemon import (HANDLER_TYPES, Daemon, cmdline, metric_sum, parse_ts, pid_alive)
 from pgcluster import free_port
 
+pytest_plugins = ["daemon"]
+
 pytestmark = pytest.mark.slow
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
 
 # -- fixtures and helpers -------------------------------------------------------------------
-
-
-@pytest.fixture
-def start_daemon(tmp_path, db_dsn):
-    """Start daemons for a test; every one of them (and its children) dies at teardown."""
-    started: list[Daemon] = []
-
-    def start(name: str = "daemon", *, dsn: str | None = None, wait_ready: bool = True,
-              **overrides) -> Daemon:
-        daemon = Daemon(tmp_path, dsn or db_dsn, name=name, **overrides)
-        started.append(daemon)
-        daemon.start(wait_ready=wait_ready)
-        return daemon
-
-    yield start
-    for daemon in started:
-        daemon.kill()
-    for daemon in started:
-        # Shown by pytest only when the test failed.
-        print(daemon.log_tail(150))
-
-
 
 
 def statuses(conn, ids) -> dict[str, str]:

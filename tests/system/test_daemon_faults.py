@@ -15,45 +15,24 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import threading
 import time
-import uuid
 from dataclasses import dataclass
 
 import psycopg
 import pytest
 
 from conftest import add_task, wait_until
-from daemon import HANDLER_TYPES, Daemon, cmdline, parse_ts, pid_alive
+from daemon import HANDLER_TYPES, NotifySocket, cmdline, longest_gap, parse_ts, pid_alive
 
 from supervisor.arbiter import BOOT_TIMEOUT
 from supervisor.db import store
+
+pytest_plugins = ["daemon"]
 
 SLEEPER_TYPES = {**HANDLER_TYPES, "export": "review_handlers:spawn_sleeper"}
 
 
 # -- fixtures and helpers -------------------------------------------------------------------
-
-
-@pytest.fixture
-def start_daemon(tmp_path, db_dsn):
-    """Start daemons for a test; every one of them, their children and the children's process
-    groups die at teardown."""
-    started: list[Daemon] = []
-
-    def start(name: str = "daemon", *, dsn: str | None = None, wait_ready: bool = True,
-              env: dict[str, str] | None = None, **overrides) -> Daemon:
-        daemon = Daemon(tmp_path, dsn or db_dsn, name=name, **overrides)
-        started.append(daemon)
-        daemon.start(wait_ready=wait_ready, env=env)
-        return daemon
-
-    yield start
-    for daemon in started:
-        daemon.kill()
-    for daemon in started:
-        print(daemon.log_tail(150))  # shown by pytest only when the test failed
 
 
 def task_status(conn, task_id: str) -> str | None:
@@ -173,48 +152,6 @@ def test_idle_children_stop_on_their_own_when_the_supervisor_is_killed(start_dae
 
 
 # -- 8. a row lock held by an operator --------------------------------------------------------
-
-
-class NotifySocket:
-    """An sd_notify socket (abstract, so no path length limit) read by a thread."""
-
-    def __init__(self):
-        self.name = f"pgtaskd-test-{uuid.uuid4().hex[:12]}"
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind("\0" + self.name)
-        self.sock.settimeout(0.2)
-        self.messages: list[tuple[float, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._receive, daemon=True)
-        self._thread.start()
-
-    @property
-    def env(self) -> dict[str, str]:
-        # Watchdog pings every 0.5 s: one per turn of the arbiter loop at most.
-        return {"NOTIFY_SOCKET": "@" + self.name, "WATCHDOG_USEC": "1000000"}
-
-    def _receive(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(65536)
-            except (socket.timeout, TimeoutError):
-                continue
-            except OSError:
-                return
-            self.messages.append((time.monotonic(), data.decode(errors="replace")))
-
-    def pings(self) -> list[float]:
-        return [at for at, text in list(self.messages) if "WATCHDOG=1" in text.split("\n")]
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self.sock.close()
-
-
-def longest_gap(times: list[float], start: float, end: float) -> float:
-    points = [start] + [t for t in times if start < t < end] + [end]
-    return max(b - a for a, b in zip(points, points[1:]))
 
 
 def test_a_row_lock_on_a_dead_childs_task_does_not_freeze_the_supervisor(start_daemon, conn,

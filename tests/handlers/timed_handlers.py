@@ -1,0 +1,40 @@
+"""Handlers that record every execution outside the database under test.
+
+Each run appends two lines to the file named by ``payload.log``: ``start <task id> <pid>
+<monotonic>`` when the handler begins and ``end ...`` when it returns. CLOCK_MONOTONIC is one
+clock for every process of a host, so a test can check that no two runs of a task overlapped,
+whatever happened to the database meanwhile (tests/executions.py reads the file). Lines are
+single O_APPEND writes, so concurrent runs never tear each other's.
+"""
+
+import ctypes
+import os
+import time
+
+
+def _log(task, what: str) -> None:
+    line = f"{what} {task.id} {os.getpid()} {time.monotonic():.6f}\n".encode()
+    fd = os.open(task.payload["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def sleeps(task):
+    """Runs for ``payload.seconds`` (default 1), releasing the GIL as ordinary code does."""
+    _log(task, "start")
+    time.sleep(float(task.payload.get("seconds", 1)))
+    _log(task, "end")
+
+
+# libc's sleep() called through PyDLL keeps the GIL for the whole call, as a long regex, a
+# compression call or a native library can: no other thread of this process runs meanwhile.
+_HOLD_THE_GIL = ctypes.PyDLL(None).usleep
+
+
+def holds_the_gil(task):
+    """Runs for ``payload.seconds`` without ever letting another thread of its process run."""
+    _log(task, "start")
+    _HOLD_THE_GIL(int(float(task.payload.get("seconds", 1)) * 1_000_000))
+    _log(task, "end")
