@@ -36,7 +36,7 @@ TEST_HANDLERS = TESTS_DIR / "handlers"
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 # The integration tests' shared helpers assert too; test modules import them before pytest
 # would otherwise get to rewrite them.
-pytest.register_assert_rewrite("worker_fixtures")
+pytest.register_assert_rewrite("worker_fixtures", "daemon", "executions")
 
 
 def dsn_for(admin_dsn: str, dbname: str) -> str:

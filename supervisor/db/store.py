@@ -168,7 +168,30 @@ def queue_health(conn, *, max_pending_age: float = 0.0, lease_grace: float = 0.0
 
 
 def count_by_status(conn) -> dict[str, int]:
+    """Exact counts of every status present; reads the whole table."""
     return {row["status"]: row["count"] for row in _all(conn, "count_by_status", {})}
+
+
+# Below this many rows (by the planner's estimate) finished tasks are counted exactly.
+EXACT_COUNT_BELOW = 200_000
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+def live_counts(conn) -> tuple[dict[str, int], bool]:
+    """Tasks by status, cheaply: PENDING and RUNNING exact; finished statuses exact on a
+    small table, else estimated from the statistics. Returns (counts, estimated)."""
+    row = _one(conn, "live_counts", {})
+    counts = {"PENDING": row["pending"], "RUNNING": row["running"]}
+    if row["table_rows"] < EXACT_COUNT_BELOW or not row["shares"]:
+        counts.update(dict.fromkeys(FINISHED, 0))
+        counts.update({r["status"]: r["count"] for r in _all(conn, "count_finished", {})})
+        return counts, False
+    shares = {status: row["shares"].get(status, 0.0) for status in FINISHED}
+    finished = max(0.0, row["table_rows"] - row["pending"] - row["running"])
+    total_share = sum(shares.values()) or 1.0
+    counts.update({status: round(finished * share / total_share)
+                   for status, share in shares.items()})
+    return counts, True
 
 
 def submit_tasks(conn, *, ids: list[str], names: list[str], task_types: list[str],

@@ -32,6 +32,8 @@ class HealthReport:
     stuck_leases: int = 0
     oldest_pending_age: float = 0.0
     tasks_by_status: dict[str, int] = field(default_factory=dict)
+    # True when the finished statuses' counts are the statistics' estimates (a large table).
+    finished_estimated: bool = False
     children: ChildrenStatus = ChildrenStatus(0, 0)
     checked_at: float = field(default_factory=time.monotonic)
 
@@ -67,6 +69,7 @@ class HealthReport:
                              "fused_pools": list(self.children.fused_pools)},
             },
             "tasks_by_status": self.tasks_by_status,
+            "finished_counts_estimated": self.finished_estimated,
             "age_seconds": round(time.monotonic() - self.checked_at, 3),
         }
 
@@ -94,12 +97,12 @@ class HealthChecker(PeriodicService):
         conn = self.connection()
         queue = store.queue_health(conn, max_pending_age=self.max_pending_age,
                                    lease_grace=self.lease_grace)
-        counts = store.count_by_status(conn)
+        counts, estimated = store.live_counts(conn)
         report = HealthReport(
             database_ok=True, old_pending=queue["old_pending"],
             expired_leases=queue["expired_leases"], stuck_leases=queue["stuck_leases"],
             oldest_pending_age=queue["oldest_pending_age"] or 0.0, tasks_by_status=counts,
-            children=self.children(),
+            finished_estimated=estimated, children=self.children(),
         )
         with self._lock:
             self._latest = report

@@ -121,3 +121,36 @@ def test_the_health_check_reads_no_more_with_future_running_and_finished_rows(co
     add_due(conn, 50)
     assert_flat(skewed_buffers(conn, skew, "queue_health",
                                {"max_pending_age": 300.0, "lease_grace": 15.0}), 0)
+
+
+def test_live_counts_are_exact_for_live_tasks_and_estimated_for_a_large_finished_history(conn):
+    from supervisor.db import store
+
+    add_due(conn, 30)
+    conn.execute(SKEWS["running_live_leases"], {"n": 20, "from": 1})
+    conn.execute("INSERT INTO tasks (id, name, task_type, status, finished_at) "
+                 "SELECT 'f' || g, 'n', 'echo', CASE WHEN g % 10 = 0 THEN 'FAILED' "
+                 "ELSE 'COMPLETED' END, now() FROM generate_series(1, 250000) g")
+    counts, estimated = store.live_counts(conn)
+    assert not estimated, "before ANALYZE the statistics know nothing: count exactly"
+    assert counts == {"PENDING": 30, "RUNNING": 20, "COMPLETED": 225_000, "FAILED": 25_000,
+                      "CANCELLED": 0}
+    conn.execute("ANALYZE tasks")
+    counts, estimated = store.live_counts(conn)
+    assert estimated
+    assert (counts["PENDING"], counts["RUNNING"]) == (30, 20), "live tasks are always exact"
+    assert abs(counts["COMPLETED"] - 225_000) < 22_500 and abs(counts["FAILED"] - 25_000) < 5_000
+    read = buffers(conn, "live_counts", {})
+    pages = conn.execute("SELECT pg_relation_size('tasks') / 8192").fetchone()[0]
+    # The statistics views cost a fixed hundred buffers or so; a count reads every page.
+    assert read < 200 < pages / 10, f"the live counts read {read} buffers of {pages} pages"
+
+
+def test_a_task_due_since_minus_infinity_does_not_break_the_health_check(conn):
+    from supervisor.db import store
+
+    conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) "
+                 "VALUES ('forever', 'n', 'echo', '-infinity'), ('now', 'n', 'echo', now())")
+    health = store.queue_health(conn, max_pending_age=300, lease_grace=15)
+    assert health["due_pending"] == 2 and health["old_pending"] == 1
+    assert health["oldest_pending_age"] is not None
