@@ -139,7 +139,8 @@ class Arbiter:
         deadline = time.monotonic() + STARTUP_DB_PATIENCE
         delay = 0.5
         db = LazyConnection(self.dsn, connect_timeout=self.config.database.connect_timeout,
-                            application_name="pgtaskd supervisor")
+                            application_name="pgtaskd supervisor",
+                            pooled=self.config.database.transaction_pooler)
         try:
             while True:
                 try:
@@ -176,22 +177,29 @@ class Arbiter:
 
         config = self.config
         timeout = config.database.connect_timeout
+        pooled = config.database.transaction_pooler
         self.keeper = LeaseKeeper(self.dsn, lease_seconds=config.lease.seconds,
                                   renew_interval=config.lease.renew_interval,
-                                  retry=config.retry, connect_timeout=timeout)
+                                  retry=config.retry, connect_timeout=timeout, pooled=pooled)
         reaper = LeaseReaper(self.dsn, interval=config.reaper.interval,
                              batch_size=config.reaper.batch_size, retry=config.retry,
-                             connect_timeout=timeout, on_reaped=self._count_reaped)
+                             connect_timeout=timeout, on_reaped=self._count_reaped,
+                             pooled=pooled)
         health = HealthChecker(self.dsn, interval=config.health.interval,
                                max_pending_age=config.health.max_pending_age,
                                lease_grace=max(3 * config.reaper.interval, 10.0),
                                children=lambda: self.children_snapshot,
-                               connect_timeout=timeout)
+                               connect_timeout=timeout, pooled=pooled)
         self.services = [self.keeper, reaper, health]
-        if config.database.listen:
-            self.relay = WakeRelay(config.database.listen_dsn or self.dsn,
-                                   children=lambda: self.children_view, connect_timeout=timeout)
+        listen_dsn = config.database.listen_dsn or (None if pooled else self.dsn)
+        if config.database.listen and listen_dsn:
+            self.relay = WakeRelay(listen_dsn, children=lambda: self.children_view,
+                                   connect_timeout=timeout)
             self.services.append(self.relay)
+        elif config.database.listen:
+            emit("wakeups_unavailable", logging.WARNING, fallback="polling",
+                 error="LISTEN needs a session connection, which a transaction pooler does "
+                       "not give: set database.listen_dsn to PostgreSQL itself")
         for service in self.services:
             service.start()
         self.health = health

@@ -274,15 +274,18 @@ class Client:
 
     def __init__(self, target: str | psycopg.Connection, *,
                  max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT):
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+                 transaction_pooler: bool = False):
         """``target`` is a DSN (the client owns a connection) or a psycopg connection
-        (borrowed: calls join its transaction; it is never committed or closed here)."""
+        (borrowed: calls join its transaction; it is never committed or closed here).
+        ``transaction_pooler``: the DSN goes through PgBouncer in transaction mode, so the
+        client's connection prepares no statement."""
         if isinstance(target, psycopg.Connection):
             self._setup(dsn=None, conn=target, config=None, max_payload_bytes=max_payload_bytes,
-                        connect_timeout=connect_timeout)
+                        connect_timeout=connect_timeout, pooled=transaction_pooler)
         elif isinstance(target, str) and target:
             self._setup(dsn=target, conn=None, config=None, max_payload_bytes=max_payload_bytes,
-                        connect_timeout=connect_timeout)
+                        connect_timeout=connect_timeout, pooled=transaction_pooler)
         else:
             raise TypeError(f"Client needs a DSN or a psycopg connection, got {target!r}")
 
@@ -298,13 +301,16 @@ class Client:
         client = cls.__new__(cls)
         client._setup(dsn=config.database.dsn, conn=None, config=config,
                       max_payload_bytes=config.max_payload_bytes,
-                      connect_timeout=config.database.connect_timeout)
+                      connect_timeout=config.database.connect_timeout,
+                      pooled=config.database.transaction_pooler)
         return client
 
     def _setup(self, *, dsn: str | None, conn: psycopg.Connection | None,
-               config: Config | None, max_payload_bytes: int, connect_timeout: float) -> None:
+               config: Config | None, max_payload_bytes: int, connect_timeout: float,
+               pooled: bool) -> None:
         self.max_payload_bytes = max_payload_bytes
         self.connect_timeout = connect_timeout
+        self._pooled = pooled
         self._dsn = dsn
         self._conn = conn
         self._owns_connection = conn is None
@@ -465,7 +471,7 @@ class Client:
             if self._dsn is None:
                 self._dsn = self._resources.enter_context(database_dsn(self._config))
             self._conn = connect(self._dsn, connect_timeout=self.connect_timeout,
-                                 application_name="pgtaskd client")
+                                 application_name="pgtaskd client", pooled=self._pooled)
         return self._conn
 
     def _target(self, conn: psycopg.Connection) -> str:

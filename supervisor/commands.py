@@ -21,7 +21,8 @@ from .logs import setup_logging
 
 def cmd_migrate(args, config: Config) -> int:
     with database_dsn(config) as dsn:
-        with connect(dsn, connect_timeout=config.database.connect_timeout) as conn:
+        with connect(dsn, connect_timeout=config.database.connect_timeout,
+                     pooled=config.database.transaction_pooler) as conn:
             applied = migrate(conn)
     if args.json:
         print_json({"applied": [f"{m.version:04d}_{m.name}" for m in applied]})
@@ -110,7 +111,8 @@ def cmd_worker(args, config: Config) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, request_stop)
     with database_dsn(config) as dsn:
-        with connect(dsn, connect_timeout=config.database.connect_timeout) as conn:
+        with connect(dsn, connect_timeout=config.database.connect_timeout,
+                     pooled=config.database.transaction_pooler) as conn:
             migrate(conn)
         return run_worker(config, pool_name=pool_name, slot=1, dsn=dsn,
                           channel=Link(None, blocking=True), stop_event=stop_event,

@@ -65,6 +65,9 @@ class DatabaseConfig:
     listen_dsn: str | None = None
     """Where the LISTEN connection goes, if not ``dsn``: LISTEN needs a session connection,
     so behind PgBouncer in transaction mode point it at PostgreSQL directly."""
+    transaction_pooler: bool = False
+    """``dsn`` goes through a pooler in transaction mode (PgBouncer pool_mode=transaction):
+    no prepared statements and no session settings; LISTEN only through ``listen_dsn``."""
 
 
 @dataclass(frozen=True)
@@ -277,7 +280,7 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     v.unknown(tree, "", _TOP_KEYS)
 
     db = v.section(tree, "database", "", {"dsn", "data_dir", "connect_timeout", "listen",
-                                          "listen_dsn"})
+                                          "listen_dsn", "transaction_pooler"})
     dsn = env.get(DSN_ENV) or v.string(db, "dsn", "database", None) or None
     database = DatabaseConfig(
         dsn=dsn,
@@ -285,6 +288,7 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
         connect_timeout=v.number(db, "connect_timeout", "database", 5.0, maximum=300),
         listen=v.boolean(db, "listen", "database", True),
         listen_dsn=v.string(db, "listen_dsn", "database", None) or None,
+        transaction_pooler=v.boolean(db, "transaction_pooler", "database", False),
     )
 
     lease_tree = v.section(tree, "lease", "", {"seconds", "renew_interval"})

@@ -81,13 +81,13 @@ class Settlement:
 class LeaseKeeper(threading.Thread):
     def __init__(self, dsn: str, *, lease_seconds: float, renew_interval: float,
                  retry: RetryConfig, connect_timeout: float = 5.0,
-                 application_name: str = "pgtaskd leases"):
+                 application_name: str = "pgtaskd leases", pooled: bool = False):
         super().__init__(name="leases", daemon=True)
         self.lease_seconds = lease_seconds
         self.renew_interval = renew_interval
         self.retry = retry
         self._db = LazyConnection(dsn, connect_timeout=connect_timeout,
-                                  application_name=application_name)
+                                  application_name=application_name, pooled=pooled)
         self._wakeup = threading.Condition()
         self._held: dict[int, Held] = {}
         self._settlements: collections.deque[Settlement] = collections.deque()

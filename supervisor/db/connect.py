@@ -93,16 +93,24 @@ def with_options(dsn: str, **options) -> str:
 
 
 def connect(dsn: str, *, autocommit: bool = True, connect_timeout: float = 5.0,
-            application_name: str = "pgtaskd") -> psycopg.Connection:
-    """A plain connection, or an OperationalError that names the server and the reason."""
+            application_name: str = "pgtaskd", pooled: bool = False) -> psycopg.Connection:
+    """A plain connection, or an OperationalError that names the server and the reason.
+
+    ``pooled``: the DSN goes through a pooler in transaction mode (PgBouncer's
+    pool_mode=transaction), which hands each transaction to whichever server connection is
+    free: a statement prepared on one would be missing on the next, so none is prepared.
+    """
     try:
-        return psycopg.connect(
+        conn = psycopg.connect(
             with_options(dsn, connect_timeout=max(1, int(connect_timeout)),
                          application_name=application_name),
             autocommit=autocommit,
         )
     except psycopg.Error as exc:
         raise connection_failure(dsn, exc) from None
+    if pooled:
+        conn.prepare_threshold = None
+    return conn
 
 
 SUPERVISOR_LOCK_TIMEOUT = 2.0
@@ -114,21 +122,28 @@ class LazyConnection:
     broke. For the supervisor's threads, which each need a single connection and must
     survive a database restart."""
 
-    def __init__(self, dsn: str, *, connect_timeout: float, application_name: str):
+    def __init__(self, dsn: str, *, connect_timeout: float, application_name: str,
+                 pooled: bool = False):
         self.dsn = dsn
         self.connect_timeout = connect_timeout
         self.application_name = application_name
+        self.pooled = pooled
         self._conn: psycopg.Connection | None = None
 
     def get(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self.close()
             conn = connect(self.dsn, connect_timeout=self.connect_timeout,
-                           application_name=self.application_name)
+                           application_name=self.application_name, pooled=self.pooled)
+            if self.pooled:
+                # Session settings would leak to other clients of the pooler's server
+                # connection; the read deadline (db/deadline.py) bounds every statement.
+                self._conn = conn
+                return conn
             try:
                 # The supervisor's statements are short; one stuck behind a row lock (an
-                # operator's SELECT ... FOR UPDATE) must fail and be retried later, not
-                # freeze the arbiter loop and with it signals, restarts and watchdog pings.
+                # operator's SELECT ... FOR UPDATE) must fail and be retried later rather
+                # than hold up renewals or the reaper.
                 conn.execute(f"SET lock_timeout = {int(SUPERVISOR_LOCK_TIMEOUT * 1000)}")
                 conn.execute(f"SET statement_timeout = {int(SUPERVISOR_STATEMENT_TIMEOUT * 1000)}")
             except psycopg.Error as exc:

@@ -78,8 +78,9 @@ class HealthChecker(PeriodicService):
     name_prefix = "health"
 
     def __init__(self, dsn: str, *, interval: float, max_pending_age: float, lease_grace: float,
-                 children: Callable[[], ChildrenStatus], connect_timeout: float = 5.0):
-        super().__init__(dsn, interval, connect_timeout=connect_timeout)
+                 children: Callable[[], ChildrenStatus], connect_timeout: float = 5.0,
+                 pooled: bool = False):
+        super().__init__(dsn, interval, connect_timeout=connect_timeout, pooled=pooled)
         self.max_pending_age = max_pending_age
         self.lease_grace = lease_grace
         self.children = children

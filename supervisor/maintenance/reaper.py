@@ -21,8 +21,8 @@ class LeaseReaper(PeriodicService):
     name_prefix = "reaper"
 
     def __init__(self, dsn: str, *, interval: float, batch_size: int, retry: RetryConfig,
-                 connect_timeout: float = 5.0, on_reaped=None):
-        super().__init__(dsn, interval, connect_timeout=connect_timeout)
+                 connect_timeout: float = 5.0, on_reaped=None, pooled: bool = False):
+        super().__init__(dsn, interval, connect_timeout=connect_timeout, pooled=pooled)
         self.batch_size = batch_size
         self.retry = retry
         self.on_reaped = on_reaped or (lambda row: None)

@@ -21,14 +21,15 @@ MIN_DEADLINE = 30.0
 class PeriodicService(threading.Thread):
     name_prefix = "service"
 
-    def __init__(self, dsn: str, interval: float, *, connect_timeout: float = 5.0):
+    def __init__(self, dsn: str, interval: float, *, connect_timeout: float = 5.0,
+                 pooled: bool = False):
         super().__init__(name=self.name_prefix, daemon=True)
         self.dsn = dsn
         self.interval = interval
         self.connect_timeout = connect_timeout
         self._stop_event = threading.Event()
         self._conn = LazyConnection(dsn, connect_timeout=connect_timeout,
-                                    application_name=f"pgtaskd {self.name_prefix}")
+                                    application_name=f"pgtaskd {self.name_prefix}", pooled=pooled)
         self._failing = False
 
     def stop(self, timeout: float = 5.0) -> None:

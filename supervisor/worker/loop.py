@@ -75,7 +75,7 @@ class _Done:
 
 def open_pool(dsn: str, *, connect_timeout: float, name: str, max_size: int = 2,
               min_size: int = 1, application_name: str | None = None,
-              generic_plans: bool = True) -> ConnectionPool:
+              generic_plans: bool = True, pooled: bool = False) -> ConnectionPool:
     """The worker's own connections: the loop's claims and final writes, the batch guard.
 
     ``generic_plans``: the claim is one prepared statement whose plan PostgreSQL would
@@ -86,6 +86,10 @@ def open_pool(dsn: str, *, connect_timeout: float, name: str, max_size: int = 2,
     with custom plans, 280 us with the generic one. Handlers get connections of another pool
     (Worker.handler_connection), without this setting.
 
+    ``pooled``: the DSN goes through a transaction pooler (database.transaction_pooler): no
+    prepared statements, and no session setting, which would leak to the pooler's other
+    clients; every claim is then planned afresh.
+
     No ``check`` before lending: testing every checkout costs a round trip per task. A
     connection that died (a database restart) fails its next statement instead; the pool
     drops it when it comes back broken, the loop logs one loop_error and the next claim gets
@@ -94,8 +98,9 @@ def open_pool(dsn: str, *, connect_timeout: float, name: str, max_size: int = 2,
     return ConnectionPool(
         with_options(dsn, application_name=(application_name or name)[:63],
                      connect_timeout=max(1, int(connect_timeout))),
-        min_size=min_size, max_size=max_size, kwargs={"autocommit": True},
-        configure=_use_generic_plans if generic_plans else None,
+        min_size=min_size, max_size=max_size,
+        kwargs={"autocommit": True, **({"prepare_threshold": None} if pooled else {})},
+        configure=_use_generic_plans if generic_plans and not pooled else None,
         timeout=connect_timeout, open=False, name=name,
         # Keep trying through a long outage: a worker has nothing better to do, and giving up
         # would leave it unable to claim after the database comes back.
@@ -168,9 +173,11 @@ class Worker:
             return self.pool.connection()
         with self._handler_pool_lock:
             if self._handler_pool is None:
-                pool = open_pool(self.handler_dsn, connect_timeout=self.config.database.connect_timeout,
+                pool = open_pool(self.handler_dsn,
+                                 connect_timeout=self.config.database.connect_timeout,
                                  name=f"pgtaskd {self.pool_name} handlers", min_size=0,
-                                 max_size=2, generic_plans=False)
+                                 max_size=2, generic_plans=False,
+                                 pooled=self.config.database.transaction_pooler)
                 pool.open()
                 self._handler_pool = pool
         return self._handler_pool.connection()

@@ -65,7 +65,8 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: Link,
                              worker_id=worker_id, pool_name=pool_name):
         return EXIT_OK
     name = f"pgtaskd {pool_name}#{slot}"
-    pool = open_pool(dsn, connect_timeout=config.database.connect_timeout, name=name)
+    pool = open_pool(dsn, connect_timeout=config.database.connect_timeout, name=name,
+                     pooled=config.database.transaction_pooler)
     try:
         pool.open(wait=True, timeout=max(config.database.connect_timeout, 1.0))
         # Under a supervisor, it renews the leases; on its own (pgtaskd worker), a keeper
