@@ -5,8 +5,8 @@ dispatches it to ``handle_<name>``. Each turn the loop reads the children's link
 children that exited, starts or stops children until every pool has its configured count,
 advances a reload in progress, and pings systemd. It never waits on the database: the lease
 keeper thread renews every claim the children hold and settles the claims of dead children,
-the wake-up relay listens for new work, and the reaper and the health check have threads
-of their own. The parent never imports handler modules and never hands a connection to a
+the wake-up relay listens for new work, and the reaper, the health check and retention
+have threads of their own. The parent never imports handler modules and never hands a connection to a
 child.
 """
 
@@ -172,6 +172,7 @@ class Arbiter:
         from .leases import LeaseKeeper
         from .maintenance.health import HealthChecker
         from .maintenance.reaper import LeaseReaper
+        from .maintenance.retention import RetentionService
         from .wakeups import WakeRelay
 
         config = self.config
@@ -187,7 +188,9 @@ class Arbiter:
                                lease_grace=max(3 * config.reaper.interval, 10.0),
                                children=lambda: self.children_snapshot,
                                connect_timeout=timeout)
-        self.services = [self.keeper, reaper, health]
+        retention = RetentionService(self.dsn, policy=config.retention, connect_timeout=timeout,
+                                     on_deleted=self._count_deleted)
+        self.services = [self.keeper, reaper, health, retention]
         if config.database.listen:
             self.relay = WakeRelay(config.database.listen_dsn or self.dsn,
                                    children=lambda: self.children_view, connect_timeout=timeout)
@@ -639,3 +642,8 @@ class Arbiter:
         metrics.LEASES_REAPED.labels(row["task_type"], row["status"]).inc()
         counter = metrics.TASKS_FAILED if row["status"] == "FAILED" else metrics.TASKS_RETRIED
         counter.labels("reaper", row["task_type"]).inc()
+
+    def _count_deleted(self, status: str, count: int) -> None:
+        from . import metrics
+
+        metrics.TASKS_DELETED.labels(status).inc(count)
