@@ -76,6 +76,7 @@ class Arbiter:
         self.metrics_dir: str | None = None
         self.keeper = None
         self.relay = None
+        self.retention = None
         self.services: list = []
         self.http = None
         self.health = None
@@ -188,9 +189,10 @@ class Arbiter:
                                lease_grace=max(3 * config.reaper.interval, 10.0),
                                children=lambda: self.children_snapshot,
                                connect_timeout=timeout)
-        retention = RetentionService(self.dsn, policy=config.retention, connect_timeout=timeout,
-                                     on_deleted=self._count_deleted)
-        self.services = [self.keeper, reaper, health, retention]
+        self.retention = RetentionService(self.dsn, policy=config.retention,
+                                          connect_timeout=timeout,
+                                          on_deleted=self._count_deleted)
+        self.services = [self.keeper, reaper, health, self.retention]
         if config.database.listen:
             self.relay = WakeRelay(config.database.listen_dsn or self.dsn,
                                    children=lambda: self.children_view, connect_timeout=timeout)
@@ -557,6 +559,11 @@ class Arbiter:
         self.keeper.lease_seconds = reload.config.lease.seconds
         self.keeper.renew_interval = reload.config.lease.renew_interval
         self.keeper.retry = reload.config.retry
+        # An operator who turns deletion off for a status wants it off now, not at the next
+        # restart. The pass under way finishes with the policy it started with; a new
+        # interval applies after the current wait.
+        self.retention.policy = reload.config.retention
+        self.retention.interval = reload.config.retention.interval
         self.reload = None
         emit("reload_finished", generation=self.generation, pools=dict(self.targets))
         systemd.notify("READY=1")

@@ -29,7 +29,7 @@ class RetentionService(PeriodicService):
     def run_once(self) -> dict[str, int]:
         """Delete every task past its retention, batch by batch; how many, per status (a
         status with nothing to delete is left out)."""
-        policy = self.policy
+        policy = self.policy  # a reload replaces it whole; a pass keeps the one it began with
         deleted: dict[str, int] = {}
         for status, seconds in policy.periods().items():
             while not self._stop_event.is_set():
