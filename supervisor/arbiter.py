@@ -5,8 +5,8 @@ dispatches it to ``handle_<name>``. Each turn the loop reads the children's link
 children that exited, starts or stops children until every pool has its configured count,
 advances a reload in progress, and pings systemd. It never waits on the database: the lease
 keeper thread renews every claim the children hold and settles the claims of dead children,
-the wake-up relay listens for new work, and the reaper and the health check have threads
-of their own. The parent never imports handler modules and never hands a connection to a
+the wake-up relay listens for new work, and the reaper, the health check and retention
+have threads of their own. The parent never imports handler modules and never hands a connection to a
 child.
 """
 
@@ -76,6 +76,7 @@ class Arbiter:
         self.metrics_dir: str | None = None
         self.keeper = None
         self.relay = None
+        self.retention = None
         self.services: list = []
         self.http = None
         self.health = None
@@ -173,6 +174,7 @@ class Arbiter:
         from .leases import LeaseKeeper
         from .maintenance.health import HealthChecker
         from .maintenance.reaper import LeaseReaper
+        from .maintenance.retention import RetentionService
         from .wakeups import WakeRelay
 
         config = self.config
@@ -190,7 +192,10 @@ class Arbiter:
                                lease_grace=max(3 * config.reaper.interval, 10.0),
                                children=lambda: self.children_snapshot,
                                connect_timeout=timeout, pooled=pooled)
-        self.services = [self.keeper, reaper, health]
+        self.retention = RetentionService(self.dsn, policy=config.retention,
+                                          connect_timeout=timeout,
+                                          on_deleted=self._count_deleted, pooled=pooled)
+        self.services = [self.keeper, reaper, health, self.retention]
         listen_dsn = config.database.listen_dsn or (None if pooled else self.dsn)
         if config.database.listen and listen_dsn:
             self.relay = WakeRelay(listen_dsn, children=lambda: self.children_view,
@@ -562,6 +567,11 @@ class Arbiter:
         self.keeper.lease_seconds = reload.config.lease.seconds
         self.keeper.renew_interval = reload.config.lease.renew_interval
         self.keeper.retry = reload.config.retry
+        # An operator who turns deletion off for a status wants it off now, not at the next
+        # restart. The pass under way finishes with the policy it started with; a new
+        # interval applies after the current wait.
+        self.retention.policy = reload.config.retention
+        self.retention.interval = reload.config.retention.interval
         self.reload = None
         emit("reload_finished", generation=self.generation, pools=dict(self.targets))
         systemd.notify("READY=1")
@@ -647,3 +657,8 @@ class Arbiter:
         metrics.LEASES_REAPED.labels(row["task_type"], row["status"]).inc()
         counter = metrics.TASKS_FAILED if row["status"] == "FAILED" else metrics.TASKS_RETRIED
         counter.labels("reaper", row["task_type"]).inc()
+
+    def _count_deleted(self, status: str, count: int) -> None:
+        from . import metrics
+
+        metrics.TASKS_DELETED.labels(status).inc(count)

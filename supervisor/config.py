@@ -40,12 +40,23 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_DATA_DIR = "var/pgdata"
 DEFAULT_HANDLERS_PATH = "handlers"
 MAX_BATCH_SIZE = 1000
+DEFAULT_RETENTION_COMPLETED = 7 * 86400.0
+DEFAULT_RETENTION_FAILED = 30 * 86400.0
+DEFAULT_RETENTION_CANCELLED = 30 * 86400.0
+DEFAULT_RETENTION_INTERVAL = 60.0
+DEFAULT_RETENTION_BATCH_SIZE = 1000
 # Bounds on what a config may ask for. A duration past a week is a typo (1e12 seconds would
 # leave a lease held until the year 33715), and a pool of thousands of processes on one host
 # is one too.
 MAX_SECONDS = 7 * 86400.0
 MAX_PROCESSES = 512
 MAX_PAYLOAD_LIMIT = 256 * 1024 * 1024
+# Retention periods are the one kind of duration measured in weeks or years; ten years is
+# past any audit requirement, and longer is what ``false`` (keep forever) is for.
+MAX_RETENTION_SECONDS = 10 * 366 * 86400.0
+MAX_RETENTION_BATCH_SIZE = 100_000
+# The finished statuses retention deletes, in the order a pass visits them.
+FINISHED_STATUSES = ("COMPLETED", "FAILED", "CANCELLED")
 
 _HANDLER_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _POOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
@@ -125,6 +136,31 @@ class HealthConfig:
 
 
 @dataclass(frozen=True)
+class RetentionConfig:
+    """How long finished tasks stay in the table. A retention of None (``false`` in the
+    YAML) keeps the tasks of that status forever; ``null`` or an absent key means the
+    default, and 0 is refused, so that no spelling of "keep" can delete everything."""
+
+    completed: float | None = DEFAULT_RETENTION_COMPLETED
+    """Seconds a COMPLETED task is kept after it finished; None keeps it forever."""
+    failed: float | None = DEFAULT_RETENTION_FAILED
+    """Seconds a FAILED task is kept after it finished; None keeps it forever."""
+    cancelled: float | None = DEFAULT_RETENTION_CANCELLED
+    """Seconds a CANCELLED task is kept after it finished; None keeps it forever."""
+    interval: float = DEFAULT_RETENTION_INTERVAL
+    """Seconds between retention passes."""
+    batch_size: int = DEFAULT_RETENTION_BATCH_SIZE
+    """At most this many tasks are deleted per statement, each in its own short transaction."""
+
+    def periods(self) -> dict[str, float]:
+        """Status -> retention in seconds, for each status whose tasks are ever deleted."""
+        chosen = {"COMPLETED": self.completed, "FAILED": self.failed,
+                  "CANCELLED": self.cancelled}
+        return {status: chosen[status] for status in FINISHED_STATUSES
+                if chosen[status] is not None}
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     listen: str = DEFAULT_METRICS_LISTEN
     """``host:port`` of the /metrics and /healthz endpoint; empty string disables it."""
@@ -152,6 +188,7 @@ class Config:
     (the run then counts as a failed attempt); None: as long as the task takes."""
     reaper: ReaperConfig = field(default_factory=ReaperConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     source: str | None = field(default=None, compare=False, repr=False)
@@ -191,26 +228,34 @@ class _Validator:
 
     def number(self, tree: Mapping, key: str, path: str, default: float, *,
                minimum: float = 0.0, strict: bool = True,
-               maximum: float = MAX_SECONDS) -> float:
+               maximum: float = MAX_SECONDS, hint: str = "") -> float:
+        """``hint``, if given, ends every problem line about this key."""
         if key not in tree or tree[key] is None:
             return default
         value = tree[key]
         full = f"{path}.{key}" if path else key
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.problem(full, f"must be a number of seconds, got {_type_name(value)} "
+            self.problem(full, f"must be a number of seconds{hint}, got {_type_name(value)} "
                                f"{_short(value)}")
             return default
         if not math.isfinite(value):
-            self.problem(full, f"must be a finite number, got {value!r}")
+            self.problem(full, f"must be a finite number{hint}, got {value!r}")
             return default
         if (strict and value <= minimum) or (not strict and value < minimum):
             bound = "greater than" if strict else "at least"
-            self.problem(full, f"must be {bound} {minimum:g}, got {value!r}")
+            self.problem(full, f"must be {bound} {minimum:g}{hint}, got {value!r}")
             return default
         if value > maximum:
-            self.problem(full, f"must be at most {maximum:g}, got {value!r}")
+            self.problem(full, f"must be at most {maximum:g}{hint}, got {value!r}")
             return default
         return float(value)
+
+    def retention(self, tree: Mapping, key: str, path: str, default: float) -> float | None:
+        """A retention period in seconds, or None for ``false``: keep forever."""
+        if tree.get(key) is False:
+            return None
+        return self.number(tree, key, path, default, maximum=MAX_RETENTION_SECONDS,
+                           hint=" (or false to keep these tasks forever)")
 
     def boolean(self, tree: Mapping, key: str, path: str, default: bool) -> bool:
         if key not in tree or tree[key] is None:
@@ -264,8 +309,8 @@ def _type_name(value: Any) -> str:
 
 
 _TOP_KEYS = {"database", "lease", "poll_interval", "retry", "handlers", "pools",
-             "shutdown_timeout", "reload_timeout", "reaper", "health", "metrics",
-             "max_payload_bytes"}
+             "shutdown_timeout", "reload_timeout", "reaper", "health", "retention",
+             "metrics", "max_payload_bytes"}
 
 
 def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
@@ -322,6 +367,7 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
 
     reaper_tree = v.section(tree, "reaper", "", {"interval", "batch_size"})
     health_tree = v.section(tree, "health", "", {"interval", "max_pending_age"})
+    retention = _parse_retention(v, tree)
     metrics_tree = v.section(tree, "metrics", "", {"listen"})
     listen = v.string(metrics_tree, "listen", "metrics", DEFAULT_METRICS_LISTEN) or ""
     if listen and not re.match(r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$", listen):
@@ -350,6 +396,7 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
             max_pending_age=v.number(health_tree, "max_pending_age", "health",
                                      DEFAULT_MAX_PENDING_AGE),
         ),
+        retention=retention,
         metrics=MetricsConfig(listen=listen),
         max_payload_bytes=v.integer(tree, "max_payload_bytes", "", DEFAULT_MAX_PAYLOAD_BYTES,
                                     minimum=2, maximum=MAX_PAYLOAD_LIMIT),
@@ -358,6 +405,19 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     if v.problems:
         raise ConfigError(v.problems)
     return config
+
+
+def _parse_retention(v: _Validator, tree: Mapping) -> RetentionConfig:
+    section = v.section(tree, "retention", "", {"completed", "failed", "cancelled", "interval",
+                                                "batch_size"})
+    return RetentionConfig(
+        completed=v.retention(section, "completed", "retention", DEFAULT_RETENTION_COMPLETED),
+        failed=v.retention(section, "failed", "retention", DEFAULT_RETENTION_FAILED),
+        cancelled=v.retention(section, "cancelled", "retention", DEFAULT_RETENTION_CANCELLED),
+        interval=v.number(section, "interval", "retention", DEFAULT_RETENTION_INTERVAL),
+        batch_size=v.integer(section, "batch_size", "retention", DEFAULT_RETENTION_BATCH_SIZE,
+                             minimum=1, maximum=MAX_RETENTION_BATCH_SIZE),
+    )
 
 
 def _parse_handlers(v: _Validator, tree: Mapping) -> HandlersConfig:

@@ -38,3 +38,5 @@ TASKS_RESCUED = Counter("pgtaskd_tasks_rescued",
                         ("pool", "task_type"))
 LEASES_REAPED = Counter("pgtaskd_leases_reaped", "Expired leases returned to PENDING or FAILED",
                         ("task_type", "status"))
+TASKS_DELETED = Counter("pgtaskd_tasks_deleted", "Finished tasks deleted by retention",
+                        ("status",))

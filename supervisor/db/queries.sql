@@ -256,6 +256,45 @@ RETURNING t.id, t.task_type, t.status, t.retry_count, t.error_message,
                THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
           END AS retry_delay;
 
+-- name: delete_finished_tasks
+-- Retention: one batch of %(status)s tasks that finished more than %(older_than_seconds)s
+-- seconds ago (by the database's clock), deleted in one short statement. A row marked
+-- finished by hand without a finished_at is aged by its updated_at instead.
+-- Each branch is one range of tasks_finished_idx (status, finished_at): finished_at below
+-- the cutoff, oldest first, then finished_at IS NULL. The literal status list repeats the
+-- index's predicate, so that a generic plan (psycopg prepares a statement run five times),
+-- which cannot see the value of %(status)s, can still prove the partial index applies;
+-- without it that plan reads the whole table.
+-- SKIP LOCKED, not a plain FOR UPDATE: every daemon on the database runs retention, and
+-- with SKIP LOCKED concurrent passes take disjoint batches and none ever waits on another,
+-- nor on an operator's session holding a finished row (a retry in progress): a skipped row
+-- is simply left for a later pass. A plain lock would queue each daemon behind the others'
+-- batches (and behind any open transaction), only to find the rows gone.
+-- Rows are deleted by primary key; the status is checked again as they are.
+WITH doomed AS (
+    SELECT aged.id FROM (
+        SELECT id FROM tasks
+        WHERE status = %(status)s
+          AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+          AND finished_at < now() - (%(older_than_seconds)s * interval '1 second')
+        ORDER BY finished_at
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED) AS aged
+    UNION ALL
+    SELECT undated.id FROM (
+        SELECT id FROM tasks
+        WHERE status = %(status)s
+          AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+          AND finished_at IS NULL
+          AND updated_at < now() - (%(older_than_seconds)s * interval '1 second')
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED) AS undated
+    LIMIT %(batch_size)s
+)
+DELETE FROM tasks AS t
+WHERE t.id = ANY(ARRAY(SELECT id FROM doomed))
+  AND t.status = %(status)s;
+
 -- name: cancel_task
 UPDATE tasks
 SET

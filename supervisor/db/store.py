@@ -14,7 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from ..config import RetryConfig
+from ..config import FINISHED_STATUSES, RetryConfig
 from .queries import QUERIES
 
 
@@ -136,6 +136,20 @@ def rescue_task(conn, task_id: str, token: int, *, error: str,
 
 def reap_expired_leases(conn, *, batch_size: int, retry: RetryConfig) -> list[dict]:
     return _all(conn, "reap_expired_leases", {"batch_size": batch_size, **_backoff(retry)})
+
+
+def delete_finished_tasks(conn, *, status: str, older_than_seconds: float,
+                          batch_size: int) -> int:
+    """Delete up to ``batch_size`` tasks of this finished status that finished more than
+    ``older_than_seconds`` ago; how many were deleted. Rows another session holds locked
+    are skipped, not waited for."""
+    if status not in FINISHED_STATUSES:
+        raise ValueError(f"retention deletes only finished tasks, not {status!r}")
+    with conn.cursor() as cur:
+        cur.execute(QUERIES["delete_finished_tasks"], {
+            "status": status, "older_than_seconds": older_than_seconds,
+            "batch_size": batch_size})
+        return cur.rowcount
 
 
 def cancel_task(conn, task_id: str) -> bool:

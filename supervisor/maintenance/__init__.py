@@ -1,1 +1,2 @@
-"""The supervisor's background services: the lease reaper, the health check, the HTTP endpoint."""
+"""The supervisor's background services: the lease reaper, the health check, retention of
+finished tasks, the HTTP endpoint."""

@@ -623,6 +623,71 @@ def test_lease_reaper_requeues_or_fails_expired_leases_and_leaves_cancelled_alon
     assert metric_sum(samples, "pgtaskd_leases_reaped_total", status="FAILED") == 1
 
 
+# -- retention ------------------------------------------------------------------------------
+
+
+def _finished(conn, task_id: str, status: str, age_seconds: float) -> None:
+    """A task of a type no pool runs that reached ``status`` this long ago (database clock)."""
+    add_task(conn, task_id, "orphan")
+    conn.execute("UPDATE tasks SET status = %s, finished_at = now() - %s * interval '1 second' "
+                 "WHERE id = %s", (status, age_seconds, task_id))
+
+
+def _present(conn, ids) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT id FROM tasks WHERE id = ANY(%s)",
+                                           (list(ids),))}
+
+
+def test_retention_deletes_old_finished_tasks_and_a_reload_changes_what_it_keeps(start_daemon,
+                                                                                   conn):
+    port = free_port()
+    d = start_daemon(pools={"default": {"processes": 1}},
+                     metrics={"listen": f"127.0.0.1:{port}"},
+                     retention={"completed": 3600, "failed": False, "cancelled": 3600,
+                                "interval": 0.2, "batch_size": 2})
+    mark = d.mark()
+    old = [f"old-{i}" for i in range(5)]
+    for task_id in old:
+        _finished(conn, task_id, "COMPLETED", 2 * 3600)
+    _finished(conn, "young", "COMPLETED", 600)
+    _finished(conn, "kept-failed", "FAILED", 365 * 86400)  # failed: false keeps it forever
+    _finished(conn, "sentinel-1", "CANCELLED", 2 * 3600)
+    add_task(conn, "waiting", "orphan")  # PENDING, and older than any retention
+    conn.execute("UPDATE tasks SET created_at = now() - interval '1 year', "
+                 "updated_at = now() - interval '1 year' WHERE id = 'waiting'")
+    add_task(conn, "ran", "echo")  # finished by the daemon just now
+    wait_status(conn, ["ran"], "COMPLETED", daemons=[d])
+
+    wait_until(lambda: not _present(conn, old + ["sentinel-1"]), 15,
+               message="the old finished tasks to be deleted")
+    # A pass visits FAILED before CANCELLED, and a pass that starts after sentinel-1 went
+    # saw kept-failed for certain: when sentinel-2 goes, kept-failed was passed over.
+    _finished(conn, "sentinel-2", "CANCELLED", 2 * 3600)
+    wait_until(lambda: not _present(conn, ["sentinel-2"]), 15, message="sentinel-2 to go")
+    assert _present(conn, ["young", "kept-failed", "waiting", "ran"]) == {
+        "young", "kept-failed", "waiting", "ran"}
+
+    deleted = d.find("retention_deleted", mark)
+    assert {e["status"] for e in deleted} == {"COMPLETED", "CANCELLED"}, deleted
+    assert sum(e["deleted"] for e in deleted if e["status"] == "COMPLETED") == 5, deleted
+    assert all(1 <= e["deleted"] <= 2 for e in deleted), deleted  # batch_size 2
+    assert {e["older_than_seconds"] for e in deleted} == {3600}, deleted
+    samples = d.metrics()
+    assert metric_sum(samples, "pgtaskd_tasks_deleted_total", status="COMPLETED") == 5
+    assert metric_sum(samples, "pgtaskd_tasks_deleted_total", status="CANCELLED") == 2
+
+    # A reload that gives failed tasks a retention applies to the running daemon.
+    d.tree["retention"]["failed"] = 86400
+    d.write_config()
+    mark = d.mark()
+    d.send(signal.SIGHUP)
+    d.wait_for("reload_finished", since=mark, timeout=30)
+    d.wait_for("retention_deleted", since=mark, status="FAILED", deleted=1,
+               older_than_seconds=86400, timeout=15)
+    assert not _present(conn, ["kept-failed"])
+    assert _present(conn, ["young", "waiting", "ran"]) == {"young", "waiting", "ran"}
+
+
 # -- process titles ---------------------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import (DEFAULT_LEASE_SECONDS, DEFAULT_RENEW_INTERVAL, DSN_ENV,
-                               load_config, parse_config)
+                               MAX_RETENTION_SECONDS, load_config, parse_config)
 from supervisor.errors import ConfigError
 
 HANDLERS = {"path": "handlers", "types": {"echo": "basic:echo", "record": "basic:record"}}
@@ -176,3 +176,78 @@ def test_a_missing_config_file_is_reported(tmp_path):
 
 def test_a_top_level_that_is_not_a_mapping_is_rejected():
     assert "(top level)" in problems_of(["a", "list"])[0]
+
+
+# -- retention ------------------------------------------------------------------------------
+
+DAY = 86400.0
+
+
+def test_retention_defaults_keep_completed_a_week_and_failures_a_month():
+    retention = parse({}).retention
+    assert (retention.completed, retention.failed, retention.cancelled) == (
+        7 * DAY, 30 * DAY, 30 * DAY)
+    assert (retention.interval, retention.batch_size) == (60.0, 1000)
+    assert retention.periods() == {"COMPLETED": 7 * DAY, "FAILED": 30 * DAY,
+                                   "CANCELLED": 30 * DAY}
+
+
+def test_a_null_retention_means_the_default_not_forever():
+    retention = parse({"retention": {"completed": None, "failed": None, "interval": None,
+                                     "batch_size": None}}).retention
+    assert retention == parse({}).retention
+    assert parse({"retention": None}).retention == parse({}).retention
+
+
+def test_retention_false_keeps_that_status_forever(tmp_path):
+    config_file = tmp_path / "pgtaskd.yaml"
+    config_file.write_text("retention:\n  completed: 3600\n  failed: false\n"
+                           "  interval: 5\n  batch_size: 50\n")
+    retention = load_config(config_file, env={}).retention
+    assert retention.failed is None
+    assert retention.periods() == {"COMPLETED": 3600.0, "CANCELLED": 30 * DAY}
+    assert (retention.interval, retention.batch_size) == (5.0, 50)
+
+
+def test_retention_false_for_every_status_deletes_nothing():
+    retention = parse({"retention": {"completed": False, "failed": False,
+                                     "cancelled": False}}).retention
+    assert retention.periods() == {}
+
+
+@pytest.mark.parametrize("tree, key_path", [
+    ({"retention": "weekly"}, "retention"),
+    ({"retention": {"keep": 5}}, "retention.keep"),
+    ({"retention": {"completed": "7d"}}, "retention.completed"),
+    ({"retention": {"completed": True}}, "retention.completed"),
+    ({"retention": {"completed": -1}}, "retention.completed"),
+    ({"retention": {"failed": float("inf")}}, "retention.failed"),
+    ({"retention": {"cancelled": float("nan")}}, "retention.cancelled"),
+    ({"retention": {"cancelled": MAX_RETENTION_SECONDS + 1}}, "retention.cancelled"),
+    ({"retention": {"interval": 0}}, "retention.interval"),
+    ({"retention": {"interval": float("inf")}}, "retention.interval"),
+    ({"retention": {"interval": False}}, "retention.interval"),
+    ({"retention": {"batch_size": 0}}, "retention.batch_size"),
+    ({"retention": {"batch_size": 2.5}}, "retention.batch_size"),
+    ({"retention": {"batch_size": 1_000_000}}, "retention.batch_size"),
+])
+def test_a_wrong_retention_value_is_named_by_its_path(tree, key_path):
+    problem_for(problems_of(tree), key_path)
+
+
+def test_a_retention_of_zero_is_refused_and_points_at_false():
+    """0 reads as "off" to some and as "delete at once" to others: neither guess is made."""
+    problem = problem_for(problems_of({"retention": {"failed": 0}}), "retention.failed")
+    assert "greater than 0" in problem and "false to keep these tasks forever" in problem
+
+
+def test_non_finite_retentions_from_yaml_are_refused(tmp_path):
+    config_file = tmp_path / "pgtaskd.yaml"
+    config_file.write_text("retention:\n  completed: .inf\n  failed: .nan\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(config_file, env={})
+    assert raised.value.problems == [
+        f"{config_file}: retention.completed: must be a finite number "
+        f"(or false to keep these tasks forever), got inf",
+        f"{config_file}: retention.failed: must be a finite number "
+        f"(or false to keep these tasks forever), got nan"]
