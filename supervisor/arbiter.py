@@ -199,7 +199,9 @@ class Arbiter:
         if address:
             from .maintenance.http import MetricsServer
             try:
-                self.http = MetricsServer(address, health, self.metrics_dir)
+                self.http = MetricsServer(address, health, self.metrics_dir,
+                                          max_connections=config.metrics.max_connections,
+                                          request_timeout=config.metrics.request_timeout)
             except OSError as exc:
                 raise OperationalError(f"metrics.listen {config.metrics.listen}: cannot listen: "
                                        f"{exc.strerror}") from None

@@ -38,3 +38,7 @@ TASKS_RESCUED = Counter("pgtaskd_tasks_rescued",
                         ("pool", "task_type"))
 LEASES_REAPED = Counter("pgtaskd_leases_reaped", "Expired leases returned to PENDING or FAILED",
                         ("task_type", "status"))
+HTTP_CONNECTIONS_DROPPED = Counter(
+    "pgtaskd_http_connections_dropped",
+    "Connections to /metrics and /healthz closed without an answer, or refused",
+    ("reason",))  # timeout, over_capacity, evicted, too_large, bad_request
