@@ -43,6 +43,7 @@ RENDER_THREADS = 2
 EVICT_AFTER = 1.0
 ERROR_LOG_INTERVAL = 60.0
 STOP_PATIENCE = 5.0
+ACCEPT_RETRY_DELAY = 0.5
 
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
            431: "Request Header Fields Too Large", 500: "Internal Server Error",
@@ -63,6 +64,25 @@ class Route:
     """True: ``answer`` does real work (reads files) and runs on a render thread."""
 
 
+class _Connection:
+    """One accepted socket; its transport once the streams are made."""
+
+    __slots__ = ("sock", "transport", "accepted")
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.transport: asyncio.Transport | None = None
+        self.accepted = time.monotonic()
+
+    def abort(self) -> None:
+        """Close now, without flushing: nothing is left to send to a client we drop, and a
+        close could wait on a client that stopped reading."""
+        if self.transport is not None:
+            self.transport.abort()
+        else:
+            self.sock.close()
+
+
 class BoundedHTTPServer:
     def __init__(self, address: tuple[str, int], routes: dict[str, Route], *,
                  max_connections: int, request_timeout: float,
@@ -75,10 +95,12 @@ class BoundedHTTPServer:
         # makes it non-inheritable (PEP 446): no worker child ever holds the listening port.
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.sock = socket.create_server(address, family=family, backlog=BACKLOG)
+        self.sock.setblocking(False)
         self.address = self.sock.getsockname()[:2]
-        self._waiting: collections.OrderedDict[asyncio.Transport, float] = \
-            collections.OrderedDict()  # connections still sending their request, oldest first
-        self._open: set[asyncio.Transport] = set()
+        self._open: set[_Connection] = set()
+        # The open connections still sending their request, oldest first: the evictable.
+        self._waiting: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
+        self._tasks: set[asyncio.Task] = set()
         self._renders = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="http-render")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped: asyncio.Event | None = None
@@ -114,65 +136,89 @@ class BoundedHTTPServer:
         self._loop = asyncio.get_running_loop()
         self._loop.set_exception_handler(self._loop_error)
         self._stopped = asyncio.Event()
-        server = await asyncio.start_server(self._connection, sock=self.sock,
-                                            limit=HEAD_LIMIT, backlog=BACKLOG)
-        async with server:
-            await self._stopped.wait()
-            server.close()
-            for transport in list(self._open):
-                transport.abort()
+        accepting = asyncio.create_task(self._accept_forever())
+        await self._stopped.wait()
+        accepting.cancel()
+        for conn in list(self._open):
+            self._forget(conn)
+            conn.abort()
+
+    async def _accept_forever(self) -> None:
+        """Accept one connection at a time and admit it or close it at once, so that the
+        descriptors held never pass max_connections + 1 (asyncio.start_server would accept
+        a whole backlog and make its transports before we could say no)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(self.sock)
+            except (ConnectionAbortedError, InterruptedError):
+                continue
+            except OSError as exc:  # out of descriptors: leave them to the arbiter a while
+                self.log_error("accept() failed", exc)
+                await asyncio.sleep(ACCEPT_RETRY_DELAY)
+                continue
+            conn = _Connection(sock)
+            if self._admit(conn):
+                task = asyncio.create_task(self._connection(conn))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            else:
+                sock.close()
+                self.on_drop("over_capacity")
+            await asyncio.sleep(0)  # a flood of connects must not starve the admitted ones
+
+    def _admit(self, conn: _Connection) -> bool:
+        """Make room for a new connection under max_connections, or say there is none."""
+        if len(self._open) >= self.max_connections:
+            oldest = next(iter(self._waiting), None)
+            if oldest is None or conn.accepted - oldest.accepted < EVICT_AFTER:
+                return False
+            self._forget(oldest)
+            oldest.abort()
+            self.on_drop("evicted")
+        self._open.add(conn)
+        self._waiting[conn] = None
+        return True
+
+    def _forget(self, conn: _Connection) -> None:
+        self._waiting.pop(conn, None)
+        self._open.discard(conn)
 
     # -- one connection -----------------------------------------------------------------------
 
-    async def _connection(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        transport = writer.transport
-        if not self._admit(transport):
-            transport.abort()
-            self.on_drop("over_capacity")
-            return
+    async def _connection(self, conn: _Connection) -> None:
         try:
-            response = await self._read_and_answer(reader, transport)
+            if conn not in self._open:  # the server stopped before this task ran
+                return
+            reader, writer = await asyncio.open_connection(sock=conn.sock, limit=HEAD_LIMIT)
+            conn.transport = writer.transport
+            if conn not in self._open:  # evicted or stopped meanwhile
+                return
+            response = await self._read_and_answer(reader, conn)
             if response is not None:
                 writer.write(self._encode(response))
                 await asyncio.wait_for(writer.drain(), self.request_timeout)
         except TimeoutError:
             self.on_drop("timeout")
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (OSError, asyncio.IncompleteReadError):
             pass  # the client left or was evicted: nothing to answer
         except Exception as exc:
             self.log_error("answering a request failed", exc)
         finally:
-            self._waiting.pop(transport, None)
-            self._open.discard(transport)
-            # abort, not close: nothing is left to flush, and a close could wait on a client
-            # that stopped reading.
-            transport.abort()
-
-    def _admit(self, transport: asyncio.Transport) -> bool:
-        """Make room for a new connection under max_connections, or say there is none."""
-        if len(self._open) >= self.max_connections:
-            oldest = next(iter(self._waiting), None)
-            if oldest is None or time.monotonic() - self._waiting[oldest] < EVICT_AFTER:
-                return False
-            del self._waiting[oldest]
-            self._open.discard(oldest)
-            oldest.abort()
-            self.on_drop("evicted")
-        self._open.add(transport)
-        self._waiting[transport] = time.monotonic()
-        return True
+            self._forget(conn)
+            conn.abort()
 
     async def _read_and_answer(self, reader: asyncio.StreamReader,
-                               transport: asyncio.Transport) -> Response | None:
+                               conn: _Connection) -> Response | None:
+        left = conn.accepted + self.request_timeout - time.monotonic()
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.request_timeout)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), max(left, 0.0))
         except asyncio.LimitOverrunError:
             self.on_drop("too_large")
             return Response(431, "text/plain", b"request head too large\n")
         except asyncio.IncompleteReadError:
             return None  # closed before a whole request: a port scan, a health probe
-        self._waiting.pop(transport, None)
+        self._waiting.pop(conn, None)  # a whole request: no longer evictable
         parts = head.split(b"\r\n", 1)[0].split(b" ")
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
             self.on_drop("bad_request")
