@@ -6,7 +6,9 @@
 - a slow client (one header byte a second) and an idle one are cut after the request
   timeout, and an oversized request head is refused;
 - 1,000 concurrent GETs of /metrics: each one is answered or refused cleanly (never left to
-  time out), the daemon stays up and its stderr carries no traceback.
+  time out), the daemon stays up and its stderr carries no traceback;
+- the supervisor raises its own open-files limit, and its children get neither the raised
+  limit nor the listening socket.
 
 The tests use the default metrics settings (64 connections, 5 s request timeout).
 """
@@ -24,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import add_task, wait_until
-from daemon import Daemon, open_fds
+from daemon import Daemon, listening_socket_inode, nofile_limits, open_fds
 from pgcluster import free_port
 
 pytestmark = pytest.mark.slow
@@ -262,3 +264,14 @@ def test_a_thousand_concurrent_scrapes_are_answered_or_refused_cleanly(start_dae
     healthz_within(d, 5)
     no_tracebacks(d)
 
+
+def test_the_supervisor_raises_its_fd_limit_and_children_inherit_neither_it_nor_the_socket(
+        start_daemon):
+    d = metrics_daemon(start_daemon, nofile=(1024, 4096))
+    healthz_within(d, 10)
+    assert nofile_limits(d.pid) == (4096, 4096)
+    listener = f"socket:[{listening_socket_inode(d.metrics_port)}]"
+    assert listener in open_fds(d.pid)
+    for child in d.children():
+        assert listener not in open_fds(child), f"child {child} holds the HTTP socket"
+        assert nofile_limits(child) == (1024, 4096), f"child {child}: {nofile_limits(child)}"
