@@ -121,6 +121,7 @@ class Arbiter:
         self.services: list = []
         self.http = None
         self.health = None
+        self.metrics_archive = None
         self._last_watchdog = 0.0
         self._last_status = ""
         self.started_at = time.monotonic()
@@ -238,11 +239,15 @@ class Arbiter:
         for service in self.services:
             service.start()
         self.health = health
+        from .maintenance.metrics_archive import MetricsArchive
+        self.metrics_archive = MetricsArchive(
+            self.metrics_dir, live_pids=lambda: [c.pid for c in self.children_view])
+        self.metrics_archive.start()
         address = config.metrics.address
         if address:
             from .maintenance.http import MetricsServer
             try:
-                self.http = MetricsServer(address, health, self.metrics_dir,
+                self.http = MetricsServer(address, health, self.metrics_archive,
                                           max_connections=config.metrics.max_connections,
                                           request_timeout=config.metrics.request_timeout)
             except OSError as exc:
@@ -253,6 +258,8 @@ class Arbiter:
     def stop_services(self) -> None:
         if self.http:
             self.http.stop()
+        if self.metrics_archive:
+            self.metrics_archive.stop()
         for service in self.services:
             service.stop()
 
@@ -515,6 +522,8 @@ class Arbiter:
         from . import metrics
 
         multiprocess.mark_process_dead(child.pid, self.metrics_dir)
+        if self.metrics_archive is not None:
+            self.metrics_archive.child_died(child.pid)  # folded on the archive's thread
         lived = time.monotonic() - child.started
         how = describe_exit(code, sent_by_us=child.killed_by_us)
         expected = child.stopping is not None and code == 0

@@ -1,8 +1,10 @@
 """GET /metrics (Prometheus text, summed over every worker child) and GET /healthz (JSON).
 
 Worker counters come from prometheus_client's multiprocess files, which outlive the child that
-wrote them, so a restarted child never makes a counter go backwards. Queue gauges come from
-the health checker's latest report, read at scrape time, not from per-process files.
+wrote them, so a restarted child never makes a counter go backwards; the files of dead
+children are folded into archive files (metrics_archive.py), so a scrape stays cheap. Queue
+gauges come from the health checker's latest report, read at scrape time, not from
+per-process files.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ import json
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.multiprocess import MultiProcessCollector
 
 from ..logs import emit
 from .health import HealthChecker
 from .http_server import BoundedHTTPServer, Response, Route
+from .metrics_archive import ArchiveCollector, MetricsArchive
 
 STATUSES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED")
 
@@ -45,10 +47,11 @@ class QueueCollector:
                                 value=1 if report.database_ok else 0)
 
 
-def render_metrics(health: HealthChecker, multiproc_dir: str) -> Response:
-    """Every child's counters, summed from their files, and the queue gauges."""
+def render_metrics(health: HealthChecker, archive: MetricsArchive) -> Response:
+    """Every child's counters, summed from their files and the archive of the dead ones,
+    and the queue gauges."""
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=multiproc_dir)
+    registry.register(ArchiveCollector(archive))
     registry.register(QueueCollector(health))
     return Response(200, CONTENT_TYPE_LATEST, generate_latest(registry))
 
@@ -68,11 +71,11 @@ def count_drop(reason: str) -> None:
 class MetricsServer:
     """/metrics and /healthz on a BoundedHTTPServer (see http_server.py for its limits)."""
 
-    def __init__(self, address: tuple[str, int], health: HealthChecker, multiproc_dir: str, *,
-                 max_connections: int, request_timeout: float):
+    def __init__(self, address: tuple[str, int], health: HealthChecker,
+                 archive: MetricsArchive, *, max_connections: int, request_timeout: float):
         routes = {
             # Reads a file per process: a render thread. /healthz reads memory: the loop.
-            "/metrics": Route(lambda: render_metrics(health, multiproc_dir), blocking=True),
+            "/metrics": Route(lambda: render_metrics(health, archive), blocking=True),
             "/healthz": Route(lambda: render_healthz(health)),
         }
         self.server = BoundedHTTPServer(address, routes, max_connections=max_connections,
