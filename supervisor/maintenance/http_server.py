@@ -197,7 +197,10 @@ class BoundedHTTPServer:
             response = await self._read_and_answer(reader, conn)
             if response is not None:
                 writer.write(self._encode(response))
-                await asyncio.wait_for(writer.drain(), self.request_timeout)
+                # close() sends what is buffered, then the FIN; drain() would return while up
+                # to 64 KiB were still buffered, and the abort below would cut them off.
+                writer.close()
+                await asyncio.wait_for(writer.wait_closed(), self.request_timeout)
         except TimeoutError:
             self.on_drop("timeout")
         except (OSError, asyncio.IncompleteReadError):
@@ -206,7 +209,7 @@ class BoundedHTTPServer:
             self.log_error("answering a request failed", exc)
         finally:
             self._forget(conn)
-            conn.abort()
+            conn.abort()  # after a clean close, a no-op; else the client is cut off now
 
     async def _read_and_answer(self, reader: asyncio.StreamReader,
                                conn: _Connection) -> Response | None:
