@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import resource
 import select
 import shutil
 import signal
@@ -41,9 +42,49 @@ STARTUP_DB_PATIENCE = 60.0
 # How long a stopping supervisor waits for the lease keeper to settle its last claims.
 SETTLE_PATIENCE = 5.0
 LOOP_TICK = 0.5
+# The supervisor raises its own open-files soft limit to the hard limit, but not past this:
+# a hard limit of "infinity" or 2^30 is not a number of descriptors anyone means to use.
+MAX_OPEN_FILES = 65536
 
 SIGNAL_NAMES = {signal.SIGHUP: "hup", signal.SIGTERM: "term", signal.SIGINT: "int",
                 signal.SIGQUIT: "quit", signal.SIGTTIN: "ttin", signal.SIGTTOU: "ttou"}
+
+
+def raise_open_files_limit() -> tuple[int, int] | None:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (at most MAX_OPEN_FILES).
+
+    Why: the supervisor holds a pipe per child, database connections and the HTTP server's
+    connections, and the usual soft limit is 1024. Running out in the main loop (a child
+    restart that cannot open its pipe) stops all work at once; the HTTP server is bounded,
+    but the limit is the last line. The soft limit stays low by default only for programs
+    that select() (FD_SETSIZE is 1024); the arbiter loop uses poll(), and the children get
+    the old limit back (restore_open_files_limit). Returns the limits we started with, for
+    the children, or None if nothing changed.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, MAX_OPEN_FILES)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        emit("open_files_limit_kept", logging.WARNING, soft=soft, hard=hard, error=str(exc))
+        return None
+    emit("open_files_limit_raised", soft=target, was=soft, hard=hard)
+    return soft, hard
+
+
+def restore_open_files_limit(pid: int, limits: tuple[int, int] | None) -> None:
+    """Give a child the open-files limit the supervisor started with: its lease thread and
+    its handlers may select(), which fails on descriptors past 1023. Done right after the
+    child started (there is no rlimit argument to Popen, and a preexec_fn is unsafe in a
+    threaded parent); the few descriptors Python opens meanwhile fit either limit."""
+    if limits is None:
+        return
+    try:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
+    except (OSError, ValueError):
+        pass  # the child is already gone, or we may not: it keeps the raised limit
 
 
 @dataclass
@@ -74,12 +115,14 @@ class Arbiter:
         self.dsn: str | None = None
         self._wake_r, self._wake_w = os.pipe()
         self.metrics_dir: str | None = None
+        self.child_open_files: tuple[int, int] | None = None
         self.keeper = None
         self.relay = None
         self.retention = None
         self.services: list = []
         self.http = None
         self.health = None
+        self.metrics_archive = None
         self._last_watchdog = 0.0
         self._last_status = ""
         self.started_at = time.monotonic()
@@ -89,6 +132,7 @@ class Arbiter:
     # -- lifecycle --------------------------------------------------------------------------
 
     def run(self) -> int:
+        self.child_open_files = raise_open_files_limit()
         proctitle.supervisor_title(self.config.path)
         self.prepare_metrics_dir()
         self.install_signals()
@@ -208,11 +252,17 @@ class Arbiter:
         for service in self.services:
             service.start()
         self.health = health
+        from .maintenance.metrics_archive import MetricsArchive
+        self.metrics_archive = MetricsArchive(
+            self.metrics_dir, live_pids=lambda: [c.pid for c in self.children_view])
+        self.metrics_archive.start()
         address = config.metrics.address
         if address:
             from .maintenance.http import MetricsServer
             try:
-                self.http = MetricsServer(address, health, self.metrics_dir)
+                self.http = MetricsServer(address, health, self.metrics_archive,
+                                          max_connections=config.metrics.max_connections,
+                                          request_timeout=config.metrics.request_timeout)
             except OSError as exc:
                 raise OperationalError(f"metrics.listen {config.metrics.listen}: cannot listen: "
                                        f"{exc.strerror}") from None
@@ -221,6 +271,8 @@ class Arbiter:
     def stop_services(self) -> None:
         if self.http:
             self.http.stop()
+        if self.metrics_archive:
+            self.metrics_archive.stop()
         for service in self.services:
             service.stop()
 
@@ -252,11 +304,16 @@ class Arbiter:
 
     def wait_for_events(self) -> None:
         links = {c.link.fileno(): c for c in self.children.values() if not c.link.closed}
+        # poll(), not select(): the supervisor's descriptors may go past 1023 (FD_SETSIZE)
+        # now that its open-files limit is raised.
+        poller = select.poll()
+        for fd in (self._wake_r, *links):
+            poller.register(fd, select.POLLIN)
         try:
-            readable, _, _ = select.select([self._wake_r, *links], [], [], self.next_deadline())
+            ready = poller.poll(self.next_deadline() * 1000)
         except InterruptedError:
             return
-        for fd in readable:
+        for fd, _ in ready:
             if fd == self._wake_r:
                 try:
                     os.read(self._wake_r, 4096)
@@ -332,7 +389,7 @@ class Arbiter:
         self.wake()
 
     def wake(self) -> None:
-        """Make the loop's select() return now. Safe inside a signal handler."""
+        """Make the loop's poll() return now. Safe inside a signal handler."""
         try:
             os.write(self._wake_w, b"!")
         except (BlockingIOError, OSError):
@@ -382,6 +439,7 @@ class Arbiter:
         child = spawn_child(self.generation_config(generation), pool, slot, generation,
                             dsn=self.dsn, metrics_dir=self.metrics_dir)
         if child is not None:
+            restore_open_files_limit(child.pid, self.child_open_files)
             self.children[child.pid] = child
             self.children_view = tuple(self.children.values())
         return child
@@ -477,6 +535,8 @@ class Arbiter:
         from . import metrics
 
         multiprocess.mark_process_dead(child.pid, self.metrics_dir)
+        if self.metrics_archive is not None:
+            self.metrics_archive.child_died(child.pid)  # folded on the archive's thread
         lived = time.monotonic() - child.started
         how = describe_exit(code, sent_by_us=child.killed_by_us)
         expected = child.stopping is not None and code == 0

@@ -36,6 +36,8 @@ DEFAULT_REAPER_INTERVAL = 5.0
 DEFAULT_HEALTH_INTERVAL = 5.0
 DEFAULT_MAX_PENDING_AGE = 300.0
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
+DEFAULT_METRICS_MAX_CONNECTIONS = 64
+DEFAULT_METRICS_REQUEST_TIMEOUT = 5.0
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_DATA_DIR = "var/pgdata"
 DEFAULT_HANDLERS_PATH = "handlers"
@@ -57,6 +59,8 @@ MAX_RETENTION_SECONDS = 10 * 366 * 86400.0
 MAX_RETENTION_BATCH_SIZE = 100_000
 # The finished statuses retention deletes, in the order a pass visits them.
 FINISHED_STATUSES = ("COMPLETED", "FAILED", "CANCELLED")
+# Each HTTP connection holds a descriptor in the supervisor, whose limit is often 1024.
+MAX_METRICS_CONNECTIONS = 512
 
 _HANDLER_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _POOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
@@ -164,6 +168,12 @@ class RetentionConfig:
 class MetricsConfig:
     listen: str = DEFAULT_METRICS_LISTEN
     """``host:port`` of the /metrics and /healthz endpoint; empty string disables it."""
+    max_connections: int = DEFAULT_METRICS_MAX_CONNECTIONS
+    """Connections open at once; past it, a new one replaces the oldest that has not sent its
+    request for a second, or is closed. Each costs the supervisor a file descriptor."""
+    request_timeout: float = DEFAULT_METRICS_REQUEST_TIMEOUT
+    """Seconds a client has to send its whole request, and again to read the answer; a
+    slower or idle client is disconnected."""
 
     @property
     def address(self) -> tuple[str, int] | None:
@@ -368,7 +378,8 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     reaper_tree = v.section(tree, "reaper", "", {"interval", "batch_size"})
     health_tree = v.section(tree, "health", "", {"interval", "max_pending_age"})
     retention = _parse_retention(v, tree)
-    metrics_tree = v.section(tree, "metrics", "", {"listen"})
+    metrics_tree = v.section(tree, "metrics", "", {"listen", "max_connections",
+                                                   "request_timeout"})
     listen = v.string(metrics_tree, "listen", "metrics", DEFAULT_METRICS_LISTEN) or ""
     if listen and not re.match(r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$", listen):
         v.problem("metrics.listen", f"must be host:port (like 127.0.0.1:9464), got {listen!r}")
@@ -397,7 +408,14 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
                                      DEFAULT_MAX_PENDING_AGE),
         ),
         retention=retention,
-        metrics=MetricsConfig(listen=listen),
+        metrics=MetricsConfig(
+            listen=listen,
+            max_connections=v.integer(metrics_tree, "max_connections", "metrics",
+                                      DEFAULT_METRICS_MAX_CONNECTIONS, minimum=1,
+                                      maximum=MAX_METRICS_CONNECTIONS),
+            request_timeout=v.number(metrics_tree, "request_timeout", "metrics",
+                                     DEFAULT_METRICS_REQUEST_TIMEOUT, maximum=300),
+        ),
         max_payload_bytes=v.integer(tree, "max_payload_bytes", "", DEFAULT_MAX_PAYLOAD_BYTES,
                                     minimum=2, maximum=MAX_PAYLOAD_LIMIT),
         source=source,

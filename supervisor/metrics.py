@@ -40,3 +40,7 @@ LEASES_REAPED = Counter("pgtaskd_leases_reaped", "Expired leases returned to PEN
                         ("task_type", "status"))
 TASKS_DELETED = Counter("pgtaskd_tasks_deleted", "Finished tasks deleted by retention",
                         ("status",))
+HTTP_CONNECTIONS_DROPPED = Counter(
+    "pgtaskd_http_connections_dropped",
+    "Connections to /metrics and /healthz closed without an answer, or refused",
+    ("reason",))  # timeout, over_capacity, evicted, too_large, bad_request

@@ -1,22 +1,23 @@
 """GET /metrics (Prometheus text, summed over every worker child) and GET /healthz (JSON).
 
 Worker counters come from prometheus_client's multiprocess files, which outlive the child that
-wrote them, so a restarted child never makes a counter go backwards. Queue gauges come from
-the health checker's latest report, read at scrape time, not from per-process files.
+wrote them, so a restarted child never makes a counter go backwards; the files of dead
+children are folded into archive files (metrics_archive.py), so a scrape stays cheap. Queue
+gauges come from the health checker's latest report, read at scrape time, not from
+per-process files.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.multiprocess import MultiProcessCollector
 
 from ..logs import emit
 from .health import HealthChecker
+from .http_server import BoundedHTTPServer, Response, Route
+from .metrics_archive import ArchiveCollector, MetricsArchive
 
 STATUSES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED")
 
@@ -46,51 +47,49 @@ class QueueCollector:
                                 value=1 if report.database_ok else 0)
 
 
-def make_handler(health: HealthChecker, multiproc_dir: str):
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "pgtaskd"
+def render_metrics(health: HealthChecker, archive: MetricsArchive) -> Response:
+    """Every child's counters, summed from their files and the archive of the dead ones,
+    and the queue gauges."""
+    registry = CollectorRegistry()
+    registry.register(ArchiveCollector(archive))
+    registry.register(QueueCollector(health))
+    return Response(200, CONTENT_TYPE_LATEST, generate_latest(registry))
 
-        def do_GET(self):
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                registry = CollectorRegistry()
-                MultiProcessCollector(registry, path=multiproc_dir)
-                registry.register(QueueCollector(health))
-                self._send(200, CONTENT_TYPE_LATEST, generate_latest(registry))
-            elif path == "/healthz":
-                body = health.latest().as_json()
-                code = 200 if body["status"] == "ok" else 503
-                self._send(code, "application/json", json.dumps(body).encode() + b"\n")
-            else:
-                self._send(404, "text/plain", b"not found: try /metrics or /healthz\n")
 
-        def _send(self, code: int, content_type: str, body: bytes):
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+def render_healthz(health: HealthChecker) -> Response:
+    body = health.latest().as_json()
+    code = 200 if body["status"] == "ok" else 503
+    return Response(code, "application/json", json.dumps(body).encode() + b"\n")
 
-        def log_message(self, format, *args):
-            pass  # scrapes every few seconds would drown the log
 
-    return Handler
+def count_drop(reason: str) -> None:
+    from .. import metrics
+
+    metrics.HTTP_CONNECTIONS_DROPPED.labels(reason).inc()
 
 
 class MetricsServer:
-    def __init__(self, address: tuple[str, int], health: HealthChecker, multiproc_dir: str):
-        self.httpd = ThreadingHTTPServer(address, make_handler(health, multiproc_dir))
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
+    """/metrics and /healthz on a BoundedHTTPServer (see http_server.py for its limits)."""
+
+    def __init__(self, address: tuple[str, int], health: HealthChecker,
+                 archive: MetricsArchive, *, max_connections: int, request_timeout: float):
+        routes = {
+            # Reads a file per process: a render thread. /healthz reads memory: the loop.
+            "/metrics": Route(lambda: render_metrics(health, archive), blocking=True),
+            "/healthz": Route(lambda: render_healthz(health)),
+        }
+        self.server = BoundedHTTPServer(address, routes, max_connections=max_connections,
+                                        request_timeout=request_timeout, on_drop=count_drop)
 
     @property
     def port(self) -> int:
-        return self.httpd.server_address[1]
+        return self.server.address[1]
 
     def start(self) -> None:
-        self.thread.start()
-        emit("http_listening", address=f"{self.httpd.server_address[0]}:{self.port}")
+        self.server.start()
+        emit("http_listening", address=f"{self.server.address[0]}:{self.port}",
+             max_connections=self.server.max_connections,
+             request_timeout=self.server.request_timeout)
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.stop()

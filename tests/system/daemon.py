@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -105,6 +106,40 @@ def cmdline(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
+def open_fds(pid: int) -> list[str]:
+    """What each open descriptor of a process points at (``socket:[123]``, a path, ...)."""
+    fds = []
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except (FileNotFoundError, ProcessLookupError):
+        return fds
+    for name in names:
+        try:
+            fds.append(os.readlink(f"/proc/{pid}/fd/{name}"))
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # closed while we looked
+    return fds
+
+
+def nofile_limits(pid: int) -> tuple[int, int]:
+    """The (soft, hard) open-files limit of a live process, from /proc."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError(f"no open-files limit in /proc/{pid}/limits")
+
+
+def listening_socket_inode(port: int) -> str:
+    """The inode of the TCP socket listening on 127.0.0.1:port, from /proc/net/tcp."""
+    want = f"0100007F:{port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == want and fields[3] == "0A":  # 0A: LISTEN
+            return fields[9]
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
+
+
 def pid_alive(pid: int) -> bool:
     stat = proc_stat(pid)
     return stat is not None and stat["state"] != "Z"
@@ -157,8 +192,11 @@ class Daemon:
     # -- process ----------------------------------------------------------------------------
 
     def start(self, *, wait_ready: bool = True, timeout: float = 30.0,
-              env: dict[str, str] | None = None) -> "Daemon":
-        """``env``: variables to add to the daemon's environment (e.g. NOTIFY_SOCKET)."""
+              env: dict[str, str] | None = None,
+              nofile: tuple[int, int] | None = None) -> "Daemon":
+        """``env``: variables to add to the daemon's environment (e.g. NOTIFY_SOCKET).
+        ``nofile``: the (soft, hard) RLIMIT_NOFILE the daemon starts with, like a unit's
+        LimitNOFILE= (the usual default soft limit is 1024)."""
         assert self.process is None, "started twice"
         self.write_config()
         extra = env or {}
@@ -176,7 +214,10 @@ class Daemon:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "supervisor.cli", "run", "-c", str(self.config_path)],
             stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=self._log_file,
-            env=env, cwd=str(self.dir), start_new_session=True)
+            env=env, cwd=str(self.dir), start_new_session=True,
+            # setrlimit between fork and exec is async-signal-safe, so preexec_fn is fine here.
+            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile))
+            if nofile else None)
         if wait_ready:
             self.wait_for("supervisor_ready", timeout=timeout)
         return self

@@ -58,6 +58,12 @@ def test_a_full_config_is_read_as_written():
     assert config.metrics.address is None
 
 
+def test_the_metrics_server_limits_have_defaults_and_can_be_set():
+    assert (parse({}).metrics.max_connections, parse({}).metrics.request_timeout) == (64, 5.0)
+    config = parse({"metrics": {"max_connections": 8, "request_timeout": 2.5}})
+    assert (config.metrics.max_connections, config.metrics.request_timeout) == (8, 2.5)
+
+
 @pytest.mark.parametrize("tree, key_path", [
     ({"bogus": 1}, "bogus"),
     ({"lease": {"seconds": 30, "renew_interval": 10, "extra": 1}}, "lease.extra"),
@@ -85,6 +91,13 @@ def test_an_unknown_key_is_named_by_its_path(tree, key_path):
     ({"handlers": {"path": 7}}, "handlers.path"),
     ({"reaper": {"batch_size": 0}}, "reaper.batch_size"),
     ({"metrics": {"listen": "nowhere"}}, "metrics.listen"),
+    ({"metrics": {"max_connections": 0}}, "metrics.max_connections"),
+    ({"metrics": {"max_connections": 100_000}}, "metrics.max_connections"),
+    ({"metrics": {"max_connections": 8.5}}, "metrics.max_connections"),
+    ({"metrics": {"request_timeout": 0}}, "metrics.request_timeout"),
+    ({"metrics": {"request_timeout": float("inf")}}, "metrics.request_timeout"),
+    ({"metrics": {"request_timeout": float("nan")}}, "metrics.request_timeout"),
+    ({"metrics": {"request_timeout": 3600}}, "metrics.request_timeout"),
     ({"database": {"dsn": 5}}, "database.dsn"),
 ])
 def test_a_wrong_value_is_named_by_its_path(tree, key_path):
