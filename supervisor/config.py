@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -46,6 +47,10 @@ MAX_BATCH_SIZE = 1000
 MAX_SECONDS = 7 * 86400.0
 MAX_PROCESSES = 512
 MAX_PAYLOAD_LIMIT = 256 * 1024 * 1024
+# A config is a few kilobytes. Each worker child receives the file's text in one environment
+# variable, which Linux caps at 128 KiB; and 64 KiB of the costliest YAML still parses in
+# well under a second, so a SIGHUP never holds the main loop (and the watchdog) for long.
+MAX_CONFIG_BYTES = 64 * 1024
 
 _HANDLER_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _POOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
@@ -183,7 +188,7 @@ class _Validator:
     def unknown(self, tree: Mapping, path: str, allowed: set[str]) -> None:
         for key in tree:
             if key not in allowed:
-                where = f"{path}.{key}" if path else str(key)
+                where = f"{path}.{_key(key)}" if path else _key(key)
                 self.problem(where, f"unknown key (allowed: {', '.join(sorted(allowed))})")
 
     def number(self, tree: Mapping, key: str, path: str, default: float, *,
@@ -198,14 +203,14 @@ class _Validator:
                                f"{_short(value)}")
             return default
         if not math.isfinite(value):
-            self.problem(full, f"must be a finite number, got {value!r}")
+            self.problem(full, f"must be a finite number, got {_short(value)}")
             return default
         if (strict and value <= minimum) or (not strict and value < minimum):
             bound = "greater than" if strict else "at least"
-            self.problem(full, f"must be {bound} {minimum:g}, got {value!r}")
+            self.problem(full, f"must be {bound} {minimum:g}, got {_short(value)}")
             return default
         if value > maximum:
-            self.problem(full, f"must be at most {maximum:g}, got {value!r}")
+            self.problem(full, f"must be at most {maximum:g}, got {_short(value)}")
             return default
         return float(value)
 
@@ -249,10 +254,37 @@ class _Validator:
         return candidate if candidate.is_absolute() else (self.base_dir / candidate).resolve()
 
 
+class _Quoter(reprlib.Repr):
+    """reprlib, which stops after a few items, levels and characters, so that quoting a value
+    costs the same however large the value is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxdict, self.maxlist, self.maxset = 2, 4, 4, 4
+        self.maxstring = self.maxother = self.maxlong = 60
+
+    def repr_int(self, x: int, level: int) -> str:
+        # repr() refuses integers past Python's int-string limit (4300 digits), which a YAML
+        # hex literal reaches in a few kilobytes; long before that, the digits say nothing.
+        if x.bit_length() > 128:
+            return f"<an integer of about {round(x.bit_length() * math.log10(2))} digits>"
+        return super().repr_int(x, level)
+
+
+_QUOTER = _Quoter()
+
+
 def _short(value: Any, limit: int = 60) -> str:
-    """A value as a problem line quotes it: never the whole of a huge one."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+    """A value as a problem line quotes it: a short prefix, never the whole of a huge one."""
+    text = _QUOTER.repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _key(key: Any) -> str:
+    """A mapping key as a key path shows it: as written if it is a short string."""
+    if isinstance(key, str) and len(key) <= 60 and key.isprintable():
+        return key
+    return _short(key)
 
 
 def _type_name(value: Any) -> str:
@@ -321,9 +353,10 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     metrics_tree = v.section(tree, "metrics", "", {"listen"})
     listen = v.string(metrics_tree, "listen", "metrics", DEFAULT_METRICS_LISTEN) or ""
     if listen and not re.match(r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$", listen):
-        v.problem("metrics.listen", f"must be host:port (like 127.0.0.1:9464), got {listen!r}")
+        v.problem("metrics.listen",
+                  f"must be host:port (like 127.0.0.1:9464), got {_short(listen)}")
     elif listen and not 0 <= int(listen.rpartition(":")[2]) <= 65535:
-        v.problem("metrics.listen", f"port must be 0 to 65535, got {listen!r}")
+        v.problem("metrics.listen", f"port must be 0 to 65535, got {_short(listen)}")
 
     config = Config(
         path=path,
@@ -365,11 +398,12 @@ def _parse_handlers(v: _Validator, tree: Mapping) -> HandlersConfig:
                                     f"got {_type_name(types_tree)}")
     else:
         for task_type, spec in types_tree.items():
-            where = f"handlers.types.{task_type}"
+            where = f"handlers.types.{_key(task_type)}"
             if not isinstance(task_type, str) or not task_type:
                 v.problem(where, "a task type must be a non-empty string")
             elif not isinstance(spec, str) or not _HANDLER_SPEC.match(spec):
-                v.problem(where, f"must be 'module:function' (like 'echo:handle'), got {spec!r}")
+                v.problem(where, f"must be 'module:function' (like 'echo:handle'), "
+                                 f"got {_short(spec)}")
             else:
                 types[task_type] = spec
     return HandlersConfig(path=v.directory(section, "path", "handlers", DEFAULT_HANDLERS_PATH),
@@ -385,7 +419,7 @@ def _parse_pools(v: _Validator, tree: Mapping, handlers: HandlersConfig) -> tupl
         return ()
     pools = []
     for name, settings in raw.items():
-        where = f"pools.{name}"
+        where = f"pools.{_key(name)}"
         if not isinstance(name, str) or not _POOL_NAME.match(name):
             v.problem(where, "a pool name must be 1-40 letters, digits, '_' or '-'")
             continue
@@ -408,7 +442,7 @@ def _parse_pools(v: _Validator, tree: Mapping, handlers: HandlersConfig) -> tupl
             for t in task_types:
                 if t not in handlers.types:
                     v.problem(f"{where}.task_types",
-                              f"{t!r} has no handler under handlers.types")
+                              f"{_short(t)} has no handler under handlers.types")
             chosen = tuple(dict.fromkeys(task_types))
         pools.append(PoolConfig(name, processes, chosen, batch_size))
     return tuple(pools)
@@ -419,6 +453,52 @@ def resolve_config_path(explicit: str | os.PathLike | None,
     env = os.environ if env is None else env
     chosen = explicit or env.get(CONFIG_ENV)
     return Path(chosen) if chosen else None
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing aliases.
+
+    An alias (``*name``) repeats an anchored node by reference, so a few lines of anchors that
+    refer to anchors ("billion laughs") stand for billions of values: cheap to load, ruinous
+    to walk or to quote in a problem line. A config has nothing to repeat that is worth that
+    risk, and refusing every alias is simpler to trust than a limit on them: a small count of
+    aliases still doubles the expanded size at each level.
+    """
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed in a pgtaskd config; "
+                            "write the value out", self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+def _read_config_file(path: Path) -> str:
+    """The file's text, or ConfigError without reading more than the size limit."""
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
+    _check_size(path, len(data))
+    return data.decode("utf-8")
+
+
+def _check_size(path: Path, size: int) -> None:
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: config file is larger than {MAX_CONFIG_BYTES // 1024} KiB")
+
+
+def _parse_yaml(path: Path, text: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_ConfigLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {reason}") from None
 
 
 def load_config(explicit: str | os.PathLike | None = None,
@@ -432,19 +512,12 @@ def load_config(explicit: str | os.PathLike | None = None,
     if path is None:
         return parse_config({}, base_dir=Path.cwd(), env=env)
     if text is None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
-    try:
-        tree = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}: invalid YAML{where}: {reason}") from None
+        text = _read_config_file(path)
+    else:
+        # A snapshot was read from the file by the supervisor, so this holds already; counting
+        # characters (at most the bytes) keeps text that cannot be encoded from failing here.
+        _check_size(path, len(text))
+    tree = _parse_yaml(path, text)
     try:
         return parse_config(tree, base_dir=path.resolve().parent, path=path.resolve(), env=env,
                             source=text)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import (DEFAULT_LEASE_SECONDS, DEFAULT_RENEW_INTERVAL, DSN_ENV,
-                               load_config, parse_config)
+                               MAX_CONFIG_BYTES, load_config, parse_config)
 from supervisor.errors import ConfigError
 
 HANDLERS = {"path": "handlers", "types": {"echo": "basic:echo", "record": "basic:record"}}
@@ -176,3 +176,61 @@ def test_a_missing_config_file_is_reported(tmp_path):
 
 def test_a_top_level_that_is_not_a_mapping_is_rejected():
     assert "(top level)" in problems_of(["a", "list"])[0]
+
+
+# -- hostile files: aliases, size, long values ---------------------------------------------------
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    config_file = tmp_path / "pgtaskd.yaml"
+    config_file.write_text(text)
+    return config_file
+
+
+def only_problem(config_file: Path) -> str:
+    with pytest.raises(ConfigError) as raised:
+        load_config(config_file, env={})
+    assert len(raised.value.problems) == 1, raised.value.problems
+    return raised.value.problems[0]
+
+
+@pytest.mark.parametrize("text", [
+    "lease: &short {seconds: 5}\nhealth: *short\n",
+    "defaults: &d {processes: 2}\npools:\n  a:\n    <<: *d\n",
+    "a: &a [x, x]\nb: &b [*a, *a]\nhandlers: {types: {bomb: *b}}\n",
+])
+def test_a_yaml_alias_is_refused_naming_its_line(tmp_path, text):
+    config_file = write(tmp_path, text)
+    problem = only_problem(config_file)
+    assert problem.startswith(f"{config_file}: invalid YAML at line ")
+    assert "aliases (*name) are not allowed" in problem
+
+
+def test_a_config_file_over_the_size_limit_is_refused_unread(tmp_path):
+    config_file = write(tmp_path, "# padding\n" * (MAX_CONFIG_BYTES // 10 + 1))
+    assert only_problem(config_file) == (
+        f"{config_file}: config file is larger than {MAX_CONFIG_BYTES // 1024} KiB")
+
+
+def test_a_snapshot_over_the_size_limit_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="larger than"):
+        load_config(tmp_path / "x.yaml", env={}, text="#" * (MAX_CONFIG_BYTES + 1))
+
+
+@pytest.mark.parametrize("tree, key_path", [
+    ({"handlers": {"types": {"echo": "x" * 20_000}}}, "handlers.types.echo"),
+    ({"poll_interval": list(range(5_000))}, "poll_interval"),
+    ({"reaper": {"batch_size": {str(i): "v" * 100 for i in range(2_000)}}}, "reaper.batch_size"),
+    ({"metrics": {"listen": "h" * 20_000}}, "metrics.listen"),
+    ({"pools": {"p": {"task_types": ["t" * 20_000]}}, "handlers": {"types": {}}},
+     "pools.p.task_types"),
+    ({"database": {"listen": ["y"] * 5_000}}, "database.listen"),
+])
+def test_a_problem_quotes_only_a_short_prefix_of_a_huge_value(tree, key_path):
+    problem = problem_for(problems_of(tree), key_path)
+    assert len(problem) < 300, problem[:400]
+
+
+def test_a_huge_unknown_key_is_quoted_short():
+    problems = problems_of({"k" * 20_000: 1, "pools": {"p" * 20_000: {}}})
+    assert len(problems) == 2 and all(len(p) < 300 for p in problems), problems

@@ -1,0 +1,50 @@
+"""Hostile input to the operator commands: a config built to exhaust memory, passwords that
+break naive redaction, bytes and values the parsers refuse. Each ends in one line on stderr
+and a non-zero exit, never a traceback, a hang, or a secret on the screen."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+import time
+
+from conftest import billion_laughs
+from test_cli import assert_refused
+
+# A check-config that stays within this much address space has not expanded the bomb: the
+# expanded value would take gigabytes.
+MEMORY_LIMIT = 1024 * 1024 * 1024
+# A safety bound, not a speed measurement: refusing the file takes well under a second.
+DEADLINE = 10.0
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def run_bounded(*args: str) -> subprocess.CompletedProcess:
+    """pgtaskd with its address space capped; past the deadline the run fails the test."""
+    return subprocess.run([sys.executable, "-m", "supervisor.cli", *args],
+                          capture_output=True, text=True, timeout=DEADLINE,
+                          preexec_fn=_limit_memory)
+
+
+# --- a config built to exhaust memory ---------------------------------------------------------
+
+
+def test_check_config_refuses_a_billion_laughs_at_once_in_little_memory(tmp_path):
+    config = tmp_path / "bomb.yaml"
+    config.write_text(billion_laughs())
+    started = time.monotonic()
+    result = run_bounded("check-config", "-c", str(config))
+    line = assert_refused(result, 2, str(config), "aliases (*name) are not allowed")
+    assert len(line) < 300 and time.monotonic() - started < DEADLINE
+
+
+def test_check_config_json_on_a_billion_laughs_is_one_problem(tmp_path):
+    config = tmp_path / "bomb.yaml"
+    config.write_text(billion_laughs())
+    result = run_bounded("check-config", "-c", str(config), "--json")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert '"ok": false' in result.stdout and len(result.stdout) < 1000
