@@ -12,8 +12,9 @@ from datetime import datetime, timezone
 
 from .client import STATUSES, Client, TaskNotFound, TaskStateError
 from .config import MAX_BATCH_SIZE, Config
-from .db.connect import connect, redact_dsn
+from .db.connect import connect
 from .db.migrate import migrate
+from .db.redact import redact_dsn
 from .db.session import database_dsn
 from .errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
 from .logs import setup_logging

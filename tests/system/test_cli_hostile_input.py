@@ -9,8 +9,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import billion_laughs
-from test_cli import assert_refused
+from secret_dsns import SECRET_STEM, dsn_shapes
+from test_cli import assert_refused, free_port, pgtaskd
 
 # A check-config that stays within this much address space has not expanded the bomb: the
 # expanded value would take gigabytes.
@@ -48,3 +51,29 @@ def test_check_config_json_on_a_billion_laughs_is_one_problem(tmp_path):
     result = run_bounded("check-config", "-c", str(config), "--json")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert '"ok": false' in result.stdout and len(result.stdout) < 1000
+
+
+# --- passwords that break naive redaction -----------------------------------------------------
+
+HOSTILE_PASSWORDS = [f"{SECRET_STEM}0/p@ss:w%rd@{SECRET_STEM}1",
+                     f"{SECRET_STEM}0 'q\"uo\\te' %40 \u00e9?&{SECRET_STEM}1"]
+
+
+@pytest.fixture(scope="module")
+def closed_port() -> int:
+    return free_port()
+
+
+@pytest.mark.parametrize("password", HOSTILE_PASSWORDS)
+@pytest.mark.parametrize("shape", list(dsn_shapes("x", 1)))
+def test_no_command_prints_a_part_of_the_password(closed_port, password, shape):
+    dsn = dsn_shapes(password, closed_port)[shape]
+    # Whatever host or port libpq reads out of a misread password, it goes nowhere else.
+    pinned = {"PGHOSTADDR": "127.0.0.1", "PGPORT": str(closed_port), "PGCONNECT_TIMEOUT": "2"}
+    for command in (["check-config"], ["check-config", "--json"], ["stats"]):
+        result = pgtaskd(*command, dsn=dsn, env=pinned)
+        shown = result.stdout + result.stderr
+        assert SECRET_STEM not in shown, (command, dsn, shown)
+        assert "Traceback" not in shown and len(result.stderr.splitlines()) <= 1, shown
+        if command == ["stats"]:
+            assert result.returncode in (1, 2) and "PostgreSQL" in result.stderr, shown
