@@ -11,12 +11,14 @@ import math
 import os
 import re
 import reprlib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
+from .db.redact import dsn_problem
 from .errors import ConfigError
 
 CONFIG_ENV = "PGTASKD_CONFIG"
@@ -51,6 +53,9 @@ MAX_PAYLOAD_LIMIT = 256 * 1024 * 1024
 # variable, which Linux caps at 128 KiB; and 64 KiB of the costliest YAML still parses in
 # well under a second, so a SIGHUP never holds the main loop (and the watchdog) for long.
 MAX_CONFIG_BYTES = 64 * 1024
+# The deepest key path is five levels (pools.<name>.task_types[i]); far past that is a file
+# built to make the recursive YAML composer overflow the stack.
+MAX_YAML_DEPTH = 20
 
 _HANDLER_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _POOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
@@ -202,7 +207,8 @@ class _Validator:
             self.problem(full, f"must be a number of seconds, got {_type_name(value)} "
                                f"{_short(value)}")
             return default
-        if not math.isfinite(value):
+        # An integer is finite, and may be too large for math.isfinite() to convert.
+        if isinstance(value, float) and not math.isfinite(value):
             self.problem(full, f"must be a finite number, got {_short(value)}")
             return default
         if (strict and value <= minimum) or (not strict and value < minimum):
@@ -250,8 +256,18 @@ class _Validator:
 
     def directory(self, tree: Mapping, key: str, path: str, default: str) -> Path:
         raw = self.string(tree, key, path, default) or default
+        if "\x00" in raw:  # the OS cannot take it, and Path.resolve() raises on it
+            self.problem(f"{path}.{key}", "must not hold a NUL character")
+            raw = default
         candidate = Path(os.path.expanduser(raw))
         return candidate if candidate.is_absolute() else (self.base_dir / candidate).resolve()
+
+    def dsn(self, where: str, dsn: str | None) -> str | None:
+        """The DSN, after recording why libpq could not read it (no part of its password)."""
+        problem = dsn_problem(dsn) if dsn else None
+        if problem:
+            self.problem(where, problem)
+        return dsn
 
 
 class _Quoter(reprlib.Repr):
@@ -308,16 +324,7 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     v = _Validator(base_dir)
     v.unknown(tree, "", _TOP_KEYS)
 
-    db = v.section(tree, "database", "", {"dsn", "data_dir", "connect_timeout", "listen",
-                                          "listen_dsn"})
-    dsn = env.get(DSN_ENV) or v.string(db, "dsn", "database", None) or None
-    database = DatabaseConfig(
-        dsn=dsn,
-        data_dir=v.directory(db, "data_dir", "database", DEFAULT_DATA_DIR),
-        connect_timeout=v.number(db, "connect_timeout", "database", 5.0, maximum=300),
-        listen=v.boolean(db, "listen", "database", True),
-        listen_dsn=v.string(db, "listen_dsn", "database", None) or None,
-    )
+    database = _parse_database(v, tree, env)
 
     lease_tree = v.section(tree, "lease", "", {"seconds", "renew_interval"})
     seconds = v.number(lease_tree, "seconds", "lease", DEFAULT_LEASE_SECONDS)
@@ -389,6 +396,23 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     return config
 
 
+def _parse_database(v: _Validator, tree: Mapping, env: Mapping[str, str]) -> DatabaseConfig:
+    db = v.section(tree, "database", "", {"dsn", "data_dir", "connect_timeout", "listen",
+                                          "listen_dsn"})
+    if env.get(DSN_ENV):
+        dsn = v.dsn(DSN_ENV, env[DSN_ENV])
+    else:
+        dsn = v.dsn("database.dsn", v.string(db, "dsn", "database", None) or None)
+    return DatabaseConfig(
+        dsn=dsn,
+        data_dir=v.directory(db, "data_dir", "database", DEFAULT_DATA_DIR),
+        connect_timeout=v.number(db, "connect_timeout", "database", 5.0, maximum=300),
+        listen=v.boolean(db, "listen", "database", True),
+        listen_dsn=v.dsn("database.listen_dsn",
+                         v.string(db, "listen_dsn", "database", None) or None),
+    )
+
+
 def _parse_handlers(v: _Validator, tree: Mapping) -> HandlersConfig:
     section = v.section(tree, "handlers", "", {"path", "types"})
     types_tree = section.get("types") or {}
@@ -456,7 +480,8 @@ def resolve_config_path(explicit: str | os.PathLike | None,
 
 
 class _ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing aliases.
+    """PyYAML's safe loader, refusing aliases and deep nesting, and turning the values its
+    constructors cannot build into YAML errors that name the line.
 
     An alias (``*name``) repeats an anchored node by reference, so a few lines of anchors that
     refer to anchors ("billion laughs") stand for billions of values: cheap to load, ruinous
@@ -465,12 +490,37 @@ class _ConfigLoader(yaml.SafeLoader):
     aliases still doubles the expanded size at each level.
     """
 
+    depth = 0
+
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
-            raise yaml.composer.ComposerError(
-                None, None, "aliases (*name) are not allowed in a pgtaskd config; "
-                            "write the value out", self.peek_event().start_mark)
-        return super().compose_node(parent, index)
+            self._refuse("aliases (*name) are not allowed in a pgtaskd config; "
+                         "write the value out")
+        if self.depth >= MAX_YAML_DEPTH:
+            self._refuse(f"nested more than {MAX_YAML_DEPTH} levels deep")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def _refuse(self, problem: str):
+        raise yaml.composer.ComposerError(None, None, problem, self.peek_event().start_mark)
+
+    def construct_object(self, node, deep=False):
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as exc:  # int() past its digit limit, a 13th month
+            raise yaml.constructor.ConstructorError(None, None, _unbuildable(node, exc),
+                                                    node.start_mark) from None
+
+
+def _unbuildable(node: yaml.Node, exc: Exception) -> str:
+    kind = node.tag.rpartition(":")[2]
+    if kind == "int" and len(node.value) > sys.get_int_max_str_digits():
+        return (f"an integer of {len(node.value)} digits is longer than Python reads "
+                f"({sys.get_int_max_str_digits()} at most)")
+    return f"cannot read {_short(node.value)} as a {kind}: {str(exc).split(';')[0]}"
 
 
 def _read_config_file(path: Path) -> str:
@@ -483,7 +533,13 @@ def _read_config_file(path: Path) -> str:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
     _check_size(path, len(data))
-    return data.decode("utf-8")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - data.rfind(b"\n", 0, exc.start)
+        raise ConfigError(f"{path}: not UTF-8 text: byte 0x{data[exc.start]:02x} at line "
+                          f"{line}, column {column}") from None
 
 
 def _check_size(path: Path, size: int) -> None:

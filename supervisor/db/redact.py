@@ -152,6 +152,22 @@ def doubtful(dsn: str) -> bool:
     return not libpq_reads(dsn) or misread_uri(dsn)
 
 
+def dsn_problem(dsn: str) -> str | None:
+    """Why libpq cannot read the DSN, quoting no part of its password; None if it can."""
+    if "\x00" in dsn:  # libpq would silently read only the text before it
+        return "holds a NUL character"
+    try:
+        dsn.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a non-UTF-8 byte of the environment, say
+        return f"holds a byte that is not UTF-8 at character {exc.start + 1}"
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"not a valid connection string: {hide_secrets(reason, dsn)}"
+    return None
+
+
 def secrets_in(dsn: str) -> list[str]:
     """Every spelling of the DSN's passwords that a message could quote, longest first."""
     found = [dsn[start:end] for start, end in password_spans(dsn)]
@@ -165,7 +181,7 @@ def secrets_in(dsn: str) -> list[str]:
 
 def hide_secrets(text: str, dsn: str) -> str:
     """``text`` (a message about ``dsn``) with nothing of the DSN's passwords left in it."""
-    if doubtful(dsn):
+    if doubtful(dsn) and password_spans(dsn):
         # libpq quotes the pieces it read or could not read, and any may be the password's.
         text = _QUOTED.sub(f'"{HIDDEN}"', text)
     for secret in secrets_in(dsn):

@@ -76,4 +76,31 @@ def test_no_command_prints_a_part_of_the_password(closed_port, password, shape):
         assert SECRET_STEM not in shown, (command, dsn, shown)
         assert "Traceback" not in shown and len(result.stderr.splitlines()) <= 1, shown
         if command == ["stats"]:
-            assert result.returncode in (1, 2) and "PostgreSQL" in result.stderr, shown
+            # Exit 2 for a DSN libpq cannot read at all, 1 for a server it cannot reach.
+            assert (result.returncode, result.stderr.split(":")[0]) in {
+                (1, "error"), (2, "config error")}, shown
+
+
+# --- bytes and values the parsers refuse ------------------------------------------------------
+
+TASK_COMMANDS = [["check-config"], ["stats"], ["list"], ["show", "some-id"]]
+
+
+@pytest.mark.parametrize("command", TASK_COMMANDS)
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path, command):
+    config = tmp_path / "latin1.yaml"
+    config.write_bytes(b"poll_interval: 1\n# caf\xe9\n")
+    assert_refused(pgtaskd(*command, "-c", str(config), dsn=None), 2,
+                   f"{config}: not UTF-8 text: byte 0xe9 at line 2")
+
+
+@pytest.mark.parametrize("command", TASK_COMMANDS)
+@pytest.mark.parametrize("dsn, fragment", [
+    # A byte of a non-UTF-8 environment reaches Python as a lone surrogate.
+    (f"host=127.0.0.1 port=1 password={SECRET_STEM}\udcff", "a byte that is not UTF-8"),
+    ("host=127.0.0.1 port=1 dbname='unterminated", "unterminated quoted string"),
+    (f"host=127.0.0.1 port=1 password={SECRET_STEM}0 {SECRET_STEM}1", "connection string"),
+])
+def test_a_dsn_libpq_cannot_read_is_one_line_exit_2(command, dsn, fragment):
+    line = assert_refused(pgtaskd(*command, dsn=dsn), 2, "PGTASKD_DSN", fragment)
+    assert SECRET_STEM not in line
