@@ -423,14 +423,17 @@ class Client:
                                          f"(only {' or '.join(allowed)} tasks can be {done})")
 
     def get(self, task_id: str) -> dict[str, Any] | None:
-        """Every column of the task, or None if there is no such task."""
+        """Every column of the task, or None if there is no such task.
+
+        A payload Python's json cannot read (an integer of 5000 digits that another client
+        stored, say) comes back as a ``StoredJson``: a str of PostgreSQL's JSON text."""
         task_id = _check_lookup_id(task_id)
         with self._database() as conn:
             return store.get_task(conn, task_id)
 
     def list(self, status: str | None = None, task_type: str | None = None,
              limit: int = DEFAULT_LIST_LIMIT) -> list[dict[str, Any]]:
-        """Tasks, most recently updated first, each with every column."""
+        """Tasks, most recently updated first, each with every column (payloads as in get())."""
         status = None if status is None else check_status(status)
         task_type = None if task_type is None else _check_text("task_type", task_type)
         limit = _check_int("limit", limit, 1, MAX_LIST_LIMIT)

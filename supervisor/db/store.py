@@ -7,12 +7,14 @@ never see SQL.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_loads
 
 from ..config import RetryConfig
 from .queries import QUERIES
@@ -26,14 +28,54 @@ class Claim:
     token: int
 
 
+class StoredJson(str):
+    """A payload Python's json module cannot read, as the JSON text PostgreSQL returned.
+
+    jsonb takes integers past Python's 4300-digit limit, numbers past a float's range (which
+    Python would read as inf, and print as the non-JSON Infinity) and nesting past Python's
+    recursion limit. A row holding one is still a task to show, cancel or retry: failing the
+    read would hide it, and every row listed with it. ``reason`` says what Python refused.
+    """
+
+    reason: str
+
+    def __new__(cls, text: str, reason: str) -> "StoredJson":
+        instance = super().__new__(cls, text)
+        instance.reason = reason
+        return instance
+
+
+def read_json(data: bytes) -> Any:
+    """jsonb as Python values, or as a StoredJson when Python's json cannot read it."""
+    try:
+        return json.loads(data, parse_float=_finite_float)
+    except RecursionError:
+        return StoredJson(data.decode("utf-8"), "nested deeper than Python's json reads")
+    except ValueError as exc:
+        return StoredJson(data.decode("utf-8"), str(exc).split(";")[0])
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"a number of {len(text)} characters, past the range of a float")
+    return value
+
+
+def _cursor(conn: psycopg.Connection) -> psycopg.Cursor:
+    cur = conn.cursor(row_factory=dict_row)
+    set_json_loads(read_json, cur)
+    return cur
+
+
 def _one(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> dict | None:
-    with conn.cursor(row_factory=dict_row) as cur:
+    with _cursor(conn) as cur:
         cur.execute(QUERIES[name], params)
         return cur.fetchone()
 
 
 def _all(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> list[dict]:
-    with conn.cursor(row_factory=dict_row) as cur:
+    with _cursor(conn) as cur:
         cur.execute(QUERIES[name], params)
         return cur.fetchall()
 

@@ -4,6 +4,7 @@ and a non-zero exit, never a traceback, a hang, or a secret on the screen."""
 
 from __future__ import annotations
 
+import json
 import resource
 import subprocess
 import sys
@@ -104,3 +105,55 @@ def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path, command):
 def test_a_dsn_libpq_cannot_read_is_one_line_exit_2(command, dsn, fragment):
     line = assert_refused(pgtaskd(*command, dsn=dsn), 2, "PGTASKD_DSN", fragment)
     assert SECRET_STEM not in line
+
+
+# --- payloads PostgreSQL stores and Python's json cannot read ----------------------------------
+
+HUGE_INTEGER = "9" * 5000  # past Python's 4300-digit limit on reading an integer
+DEEP = "[" * 3000 + "]" * 3000  # past Python's recursion limit
+# A number past a float's range: Python's json would read it as inf and print "Infinity".
+HUGE_DECIMAL = "1" + "0" * 400 + ".5"
+STORED = {"huge-int": f'{{"n": {HUGE_INTEGER}}}', "deep": f'{{"deep": {DEEP}}}',
+          "huge-decimal": f'{{"x": {HUGE_DECIMAL}}}'}
+
+
+@pytest.fixture
+def stored_tasks(db_dsn, conn):
+    for task_id, payload in STORED.items():
+        conn.execute("INSERT INTO tasks (id, name, task_type, payload) "
+                     "VALUES (%s, %s, 'echo', %s::jsonb)", (task_id, task_id, payload))
+    return db_dsn
+
+
+def payload_text(conn, task_id: str) -> str:
+    return conn.execute("SELECT payload::text FROM tasks WHERE id = %s", (task_id,)).fetchone()[0]
+
+
+@pytest.mark.parametrize("task_id", list(STORED))
+def test_show_prints_a_payload_python_cannot_read_as_stored(stored_tasks, conn, task_id):
+    result = pgtaskd("show", task_id, dsn=stored_tasks)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert payload_text(conn, task_id) in result.stdout and "Infinity" not in result.stdout
+    assert result.stderr.startswith(f"note: task {task_id}: the payload is shown as "
+                                    f"PostgreSQL stores it"), result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("task_id", list(STORED))
+def test_show_json_carries_a_payload_python_cannot_read_verbatim(stored_tasks, conn, task_id):
+    result = pgtaskd("show", task_id, "--json", dsn=stored_tasks)
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr[-2000:]
+    assert result.stdout.isascii() and payload_text(conn, task_id) in result.stdout
+    if task_id != "deep":  # Python's json cannot read that one back either
+        shown = json.loads(result.stdout, parse_int=str, parse_float=str)
+        assert (shown["id"], shown["status"]) == (task_id, "PENDING")
+
+
+def test_list_shows_tasks_whose_payload_python_cannot_read(stored_tasks, conn):
+    table = pgtaskd("list", dsn=stored_tasks)
+    assert (table.returncode, table.stderr) == (0, ""), table.stderr[-2000:]
+    assert all(task_id in table.stdout for task_id in STORED)
+    listed = pgtaskd("list", "--json", dsn=stored_tasks)
+    assert (listed.returncode, listed.stderr) == (0, ""), listed.stderr[-2000:]
+    for task_id in STORED:
+        assert payload_text(conn, task_id) in listed.stdout
