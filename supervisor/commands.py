@@ -18,7 +18,7 @@ from .db.migrate import migrate
 from .db.redact import redact_dsn
 from .db.store import StoredJson
 from .db.session import database_dsn
-from .errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
+from .errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError, quote
 from .logs import setup_logging
 
 
@@ -101,7 +101,7 @@ def cmd_worker(args, config: Config) -> int:
     setup_logging()
     pool_name = args.pool or (config.pools[0].name if config.pools else None)
     if pool_name is None or pool_name not in {p.name for p in config.pools}:
-        raise UsageError(f"--pool: no pool named {args.pool!r} in the config")
+        raise UsageError(f"--pool: no pool named {quote(args.pool)} in the config")
     stop_event = threading.Event()
     workers = []
 
@@ -165,7 +165,7 @@ def cmd_submit(args, config: Config) -> int:
         # Only a config that names handlers can say a type is unknown; a submit-only config
         # names none. Another daemon, with its own config, may still run this type.
         where = config.path or "the config"
-        print(f"warning: no handler for task type {args.task_type!r} in {where}; "
+        print(f"warning: no handler for task type {quote(args.task_type)} in {where}; "
               f"it waits until a daemon that handles it runs", file=sys.stderr)
     return EXIT_OK
 

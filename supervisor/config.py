@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import reprlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any, Mapping
 import yaml
 
 from .db.redact import dsn_problem
-from .errors import ConfigError
+from .errors import ConfigError, quote
 
 CONFIG_ENV = "PGTASKD_CONFIG"
 DSN_ENV = "PGTASKD_DSN"
@@ -205,18 +204,18 @@ class _Validator:
         full = f"{path}.{key}" if path else key
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.problem(full, f"must be a number of seconds, got {_type_name(value)} "
-                               f"{_short(value)}")
+                               f"{quote(value)}")
             return default
         # An integer is finite, and may be too large for math.isfinite() to convert.
         if isinstance(value, float) and not math.isfinite(value):
-            self.problem(full, f"must be a finite number, got {_short(value)}")
+            self.problem(full, f"must be a finite number, got {quote(value)}")
             return default
         if (strict and value <= minimum) or (not strict and value < minimum):
             bound = "greater than" if strict else "at least"
-            self.problem(full, f"must be {bound} {minimum:g}, got {_short(value)}")
+            self.problem(full, f"must be {bound} {minimum:g}, got {quote(value)}")
             return default
         if value > maximum:
-            self.problem(full, f"must be at most {maximum:g}, got {_short(value)}")
+            self.problem(full, f"must be at most {maximum:g}, got {quote(value)}")
             return default
         return float(value)
 
@@ -226,7 +225,7 @@ class _Validator:
         value = tree[key]
         if not isinstance(value, bool):
             self.problem(f"{path}.{key}" if path else key,
-                         f"must be true or false, got {_type_name(value)} {_short(value)}")
+                         f"must be true or false, got {_type_name(value)} {quote(value)}")
             return default
         return value
 
@@ -237,10 +236,10 @@ class _Validator:
         value = tree[key]
         full = f"{path}.{key}" if path else key
         if isinstance(value, bool) or not isinstance(value, int):
-            self.problem(full, f"must be a whole number, got {_type_name(value)} {_short(value)}")
+            self.problem(full, f"must be a whole number, got {_type_name(value)} {quote(value)}")
             return default
         if not minimum <= value <= maximum:
-            self.problem(full, f"must be from {minimum} to {maximum}, got {_short(value)}")
+            self.problem(full, f"must be from {minimum} to {maximum}, got {quote(value)}")
             return default
         return value
 
@@ -270,37 +269,11 @@ class _Validator:
         return dsn
 
 
-class _Quoter(reprlib.Repr):
-    """reprlib, which stops after a few items, levels and characters, so that quoting a value
-    costs the same however large the value is."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.maxlevel, self.maxdict, self.maxlist, self.maxset = 2, 4, 4, 4
-        self.maxstring = self.maxother = self.maxlong = 60
-
-    def repr_int(self, x: int, level: int) -> str:
-        # repr() refuses integers past Python's int-string limit (4300 digits), which a YAML
-        # hex literal reaches in a few kilobytes; long before that, the digits say nothing.
-        if x.bit_length() > 128:
-            return f"<an integer of about {round(x.bit_length() * math.log10(2))} digits>"
-        return super().repr_int(x, level)
-
-
-_QUOTER = _Quoter()
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    """A value as a problem line quotes it: a short prefix, never the whole of a huge one."""
-    text = _QUOTER.repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def _key(key: Any) -> str:
     """A mapping key as a key path shows it: as written if it is a short string."""
     if isinstance(key, str) and len(key) <= 60 and key.isprintable():
         return key
-    return _short(key)
+    return quote(key)
 
 
 def _type_name(value: Any) -> str:
@@ -361,9 +334,9 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     listen = v.string(metrics_tree, "listen", "metrics", DEFAULT_METRICS_LISTEN) or ""
     if listen and not re.match(r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$", listen):
         v.problem("metrics.listen",
-                  f"must be host:port (like 127.0.0.1:9464), got {_short(listen)}")
+                  f"must be host:port (like 127.0.0.1:9464), got {quote(listen)}")
     elif listen and not 0 <= int(listen.rpartition(":")[2]) <= 65535:
-        v.problem("metrics.listen", f"port must be 0 to 65535, got {_short(listen)}")
+        v.problem("metrics.listen", f"port must be 0 to 65535, got {quote(listen)}")
 
     config = Config(
         path=path,
@@ -427,7 +400,7 @@ def _parse_handlers(v: _Validator, tree: Mapping) -> HandlersConfig:
                 v.problem(where, "a task type must be a non-empty string")
             elif not isinstance(spec, str) or not _HANDLER_SPEC.match(spec):
                 v.problem(where, f"must be 'module:function' (like 'echo:handle'), "
-                                 f"got {_short(spec)}")
+                                 f"got {quote(spec)}")
             else:
                 types[task_type] = spec
     return HandlersConfig(path=v.directory(section, "path", "handlers", DEFAULT_HANDLERS_PATH),
@@ -466,7 +439,7 @@ def _parse_pools(v: _Validator, tree: Mapping, handlers: HandlersConfig) -> tupl
             for t in task_types:
                 if t not in handlers.types:
                     v.problem(f"{where}.task_types",
-                              f"{_short(t)} has no handler under handlers.types")
+                              f"{quote(t)} has no handler under handlers.types")
             chosen = tuple(dict.fromkeys(task_types))
         pools.append(PoolConfig(name, processes, chosen, batch_size))
     return tuple(pools)
@@ -520,7 +493,7 @@ def _unbuildable(node: yaml.Node, exc: Exception) -> str:
     if kind == "int" and len(node.value) > sys.get_int_max_str_digits():
         return (f"an integer of {len(node.value)} digits is longer than Python reads "
                 f"({sys.get_int_max_str_digits()} at most)")
-    return f"cannot read {_short(node.value)} as a {kind}: {str(exc).split(';')[0]}"
+    return f"cannot read {quote(node.value)} as a {kind}: {str(exc).split(';')[0]}"
 
 
 def _read_config_file(path: Path) -> str:

@@ -157,3 +157,44 @@ def test_list_shows_tasks_whose_payload_python_cannot_read(stored_tasks, conn):
     assert (listed.returncode, listed.stderr) == (0, ""), listed.stderr[-2000:]
     for task_id in STORED:
         assert payload_text(conn, task_id) in listed.stdout
+
+
+# --- hostile arguments ------------------------------------------------------------------------
+
+TEN_KB = "x" * 10_000
+MANY_DIGITS = "9" * 5_000  # past Python's 4300-digit limit on reading an integer
+
+
+@pytest.mark.parametrize("arguments, code, fragment", [
+    (["submit", "echo", "--payload", '{"a": "' + "y" * 120_000 + '"}', "--id", "big"], 0, ""),
+    (["submit", "echo", "--payload", '{"a": ' + MANY_DIGITS + "}"], 2, "--payload: not valid"),
+    (["submit", "echo", "--payload", "[" * 100_000], 2, "nested too deeply"),
+    (["submit", "echo", "--id", TEN_KB], 2, "task_id: longer than 200 characters"),
+    (["submit", TEN_KB], 2, "task_type: longer than 200 characters"),
+    (["submit", "echo", "--priority", "1e30"], 2, "--priority: invalid int value: '1e30'"),
+    (["submit", "echo", "--priority", MANY_DIGITS], 2, "--priority: invalid int value"),
+    (["submit", "echo", "--max-retries", MANY_DIGITS], 2, "--max-retries: invalid int value"),
+    (["submit", "echo", "--in", "-5"], 2, "cannot read '-5' as a duration"),
+    (["submit", "echo", "--in", MANY_DIGITS + "d"], 2, "delay: must be from 0 to"),
+    (["submit", "echo", "--in", TEN_KB], 2, "as a duration"),
+    (["submit", "echo", "--at", "2026-02-30T09:00:00Z"], 2, "as an ISO-8601 timestamp"),
+    (["submit", "echo", "--at", "0001-01-01T00:00:00+01:00"], 2, "is out of range"),
+    (["submit", "echo", "--at", TEN_KB], 2, "as an ISO-8601 timestamp"),
+    (["show", TEN_KB], 1, "no task with id 'xxxx"),
+    (["cancel", TEN_KB], 1, "no task with id 'xxxx"),
+    (["retry", TEN_KB], 1, "no task with id 'xxxx"),
+    (["list", "--limit", MANY_DIGITS], 2, "--limit: invalid int value"),
+    (["list", "--status", TEN_KB], 2, "unknown status 'xxxx"),
+    (["list", "--type", TEN_KB], 0, ""),
+    (["worker", "--pool", TEN_KB], 2, "--pool: no pool named 'xxxx"),
+    (["bench", "--runs", MANY_DIGITS], 2, "--runs: "),
+    ([TEN_KB], 2, "invalid choice: 'xxxx"),
+    (["stats", TEN_KB], 2, "unrecognized arguments: xxxx"),
+])
+def test_hostile_arguments_end_in_one_short_line(db_dsn, arguments, code, fragment):
+    result = pgtaskd(*arguments, dsn=db_dsn)
+    if code == 0:
+        assert (result.returncode, result.stderr) == (0, ""), result.stderr[:1000]
+        return
+    line = assert_refused(result, code, fragment)
+    assert len(line) < 400, line[:1000]
