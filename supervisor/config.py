@@ -10,13 +10,11 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
+from .config_file import check_size, parse_yaml, read_config_text
 from .db.redact import dsn_problem
 from .errors import ConfigError, quote
 
@@ -48,14 +46,6 @@ MAX_BATCH_SIZE = 1000
 MAX_SECONDS = 7 * 86400.0
 MAX_PROCESSES = 512
 MAX_PAYLOAD_LIMIT = 256 * 1024 * 1024
-# A config is a few kilobytes. Each worker child receives the file's text in one environment
-# variable, which Linux caps at 128 KiB; and 64 KiB of the costliest YAML still parses in
-# well under a second, so a SIGHUP never holds the main loop (and the watchdog) for long.
-MAX_CONFIG_BYTES = 64 * 1024
-# The deepest key path is five levels (pools.<name>.task_types[i]); far past that is a file
-# built to make the recursive YAML composer overflow the stack.
-MAX_YAML_DEPTH = 20
-
 _HANDLER_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _POOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
 
@@ -452,84 +442,6 @@ def resolve_config_path(explicit: str | os.PathLike | None,
     return Path(chosen) if chosen else None
 
 
-class _ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing aliases and deep nesting, and turning the values its
-    constructors cannot build into YAML errors that name the line.
-
-    An alias (``*name``) repeats an anchored node by reference, so a few lines of anchors that
-    refer to anchors ("billion laughs") stand for billions of values: cheap to load, ruinous
-    to walk or to quote in a problem line. A config has nothing to repeat that is worth that
-    risk, and refusing every alias is simpler to trust than a limit on them: a small count of
-    aliases still doubles the expanded size at each level.
-    """
-
-    depth = 0
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            self._refuse("aliases (*name) are not allowed in a pgtaskd config; "
-                         "write the value out")
-        if self.depth >= MAX_YAML_DEPTH:
-            self._refuse(f"nested more than {MAX_YAML_DEPTH} levels deep")
-        self.depth += 1
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
-
-    def _refuse(self, problem: str):
-        raise yaml.composer.ComposerError(None, None, problem, self.peek_event().start_mark)
-
-    def construct_object(self, node, deep=False):
-        try:
-            return super().construct_object(node, deep)
-        except (ValueError, OverflowError) as exc:  # int() past its digit limit, a 13th month
-            raise yaml.constructor.ConstructorError(None, None, _unbuildable(node, exc),
-                                                    node.start_mark) from None
-
-
-def _unbuildable(node: yaml.Node, exc: Exception) -> str:
-    kind = node.tag.rpartition(":")[2]
-    if kind == "int" and len(node.value) > sys.get_int_max_str_digits():
-        return (f"an integer of {len(node.value)} digits is longer than Python reads "
-                f"({sys.get_int_max_str_digits()} at most)")
-    return f"cannot read {quote(node.value)} as a {kind}: {str(exc).split(';')[0]}"
-
-
-def _read_config_file(path: Path) -> str:
-    """The file's text, or ConfigError without reading more than the size limit."""
-    try:
-        with path.open("rb") as stream:
-            data = stream.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
-    _check_size(path, len(data))
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - data.rfind(b"\n", 0, exc.start)
-        raise ConfigError(f"{path}: not UTF-8 text: byte 0x{data[exc.start]:02x} at line "
-                          f"{line}, column {column}") from None
-
-
-def _check_size(path: Path, size: int) -> None:
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: config file is larger than {MAX_CONFIG_BYTES // 1024} KiB")
-
-
-def _parse_yaml(path: Path, text: str) -> Any:
-    try:
-        return yaml.load(text, Loader=_ConfigLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}: invalid YAML{where}: {reason}") from None
-
-
 def load_config(explicit: str | os.PathLike | None = None,
                 env: Mapping[str, str] | None = None, *, text: str | None = None) -> Config:
     """Load the config named by ``-c``, else ``$PGTASKD_CONFIG``, else the built-in defaults.
@@ -541,12 +453,12 @@ def load_config(explicit: str | os.PathLike | None = None,
     if path is None:
         return parse_config({}, base_dir=Path.cwd(), env=env)
     if text is None:
-        text = _read_config_file(path)
+        text = read_config_text(path)
     else:
         # A snapshot was read from the file by the supervisor, so this holds already; counting
         # characters (at most the bytes) keeps text that cannot be encoded from failing here.
-        _check_size(path, len(text))
-    tree = _parse_yaml(path, text)
+        check_size(path, len(text))
+    tree = parse_yaml(path, text)
     try:
         return parse_config(tree, base_dir=path.resolve().parent, path=path.resolve(), env=env,
                             source=text)
