@@ -427,7 +427,8 @@ class Client:
         """Every column of the task, or None if there is no such task.
 
         A payload Python's json cannot read (an integer of 5000 digits that another client
-        stored, say) comes back as a ``StoredJson``: a str of PostgreSQL's JSON text."""
+        stored, say) comes back as a ``StoredJson``: a str of PostgreSQL's JSON text; a time
+        a datetime cannot hold ('infinity', the year 20000) as PostgreSQL's text."""
         task_id = _check_lookup_id(task_id)
         with self._database() as conn:
             return store.get_task(conn, task_id)

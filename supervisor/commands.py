@@ -368,9 +368,11 @@ def _json_value(value):
     raise TypeError(f"cannot print {type(value).__name__} as JSON")
 
 
-def human_time(value: datetime | None) -> str:
+def human_time(value: datetime | str | None) -> str:
     if value is None:
         return "-"
+    if isinstance(value, str):  # a time a datetime cannot hold, as PostgreSQL writes it
+        return value
     return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

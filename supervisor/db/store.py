@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Iterable, Sequence
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import Jsonb, set_json_loads
 
 from ..config import RetryConfig
@@ -62,20 +64,36 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _cursor(conn: psycopg.Connection) -> psycopg.Cursor:
+class TimeOrText(TimestamptzLoader):
+    """timestamptz as a datetime, or as PostgreSQL's text where a datetime cannot hold it
+    ('infinity', a year past 9999 or before 1), which any client may have written: the task
+    is still shown. Python code, so only the queries that show whole rows use it."""
+
+    def load(self, data) -> datetime | str:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            return bytes(data).decode()
+
+
+def _cursor(conn: psycopg.Connection, *, any_time: bool) -> psycopg.Cursor:
     cur = conn.cursor(row_factory=dict_row)
     set_json_loads(read_json, cur)
+    if any_time:
+        cur.adapters.register_loader("timestamptz", TimeOrText)
     return cur
 
 
-def _one(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> dict | None:
-    with _cursor(conn) as cur:
+def _one(conn: psycopg.Connection, name: str, params: dict[str, Any], *,
+         any_time: bool = False) -> dict | None:
+    with _cursor(conn, any_time=any_time) as cur:
         cur.execute(QUERIES[name], params)
         return cur.fetchone()
 
 
-def _all(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> list[dict]:
-    with _cursor(conn) as cur:
+def _all(conn: psycopg.Connection, name: str, params: dict[str, Any], *,
+         any_time: bool = False) -> list[dict]:
+    with _cursor(conn, any_time=any_time) as cur:
         cur.execute(QUERIES[name], params)
         return cur.fetchall()
 
@@ -186,7 +204,7 @@ def cancel_task(conn, task_id: str) -> bool:
 
 
 def get_task(conn, task_id: str) -> dict | None:
-    return _one(conn, "get_task", {"task_id": task_id})
+    return _one(conn, "get_task", {"task_id": task_id}, any_time=True)
 
 
 def task_status(conn, task_id: str) -> dict | None:
@@ -234,7 +252,8 @@ def retry_task(conn, task_id: str) -> bool:
 
 
 def list_tasks(conn, *, status: str | None, task_type: str | None, limit: int) -> list[dict]:
-    return _all(conn, "list_tasks", {"status": status, "task_type": task_type, "limit": limit})
+    return _all(conn, "list_tasks", {"status": status, "task_type": task_type, "limit": limit},
+                any_time=True)
 
 
 def count_by_type_and_status(conn) -> list[dict]:

@@ -198,3 +198,39 @@ def test_hostile_arguments_end_in_one_short_line(db_dsn, arguments, code, fragme
         return
     line = assert_refused(result, code, fragment)
     assert len(line) < 400, line[:1000]
+
+
+# --- timestamps PostgreSQL stores and Python's datetime cannot hold -----------------------------
+
+FAR_TIMES = {"never": "infinity", "long-ago": "-infinity", "year-20000": "20000-01-01 00:00Z",
+             "before-christ": "0100-01-01 00:00Z BC"}
+
+
+@pytest.fixture
+def far_tasks(db_dsn, conn):
+    for task_id, moment in FAR_TIMES.items():
+        conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) "
+                     "VALUES (%s, %s, 'echo', %s)", (task_id, task_id, moment))
+    conn.execute("INSERT INTO tasks (id, name, task_type) VALUES ('plain', 'plain', 'echo')")
+    return db_dsn
+
+
+@pytest.mark.parametrize("task_id", list(FAR_TIMES))
+def test_show_prints_a_time_python_cannot_hold_as_postgresql_writes_it(far_tasks, task_id):
+    text = pgtaskd("show", task_id, dsn=far_tasks)
+    assert (text.returncode, text.stderr) == (0, ""), text.stderr
+    scheduled = [line for line in text.stdout.splitlines() if line.startswith("scheduled_time")]
+    assert scheduled[0].split()[1] in FAR_TIMES[task_id].replace(" 00:00Z", ""), scheduled
+    shown = pgtaskd("show", task_id, "--json", dsn=far_tasks)
+    assert shown.returncode == 0, shown.stderr
+    assert isinstance(json.loads(shown.stdout)["scheduled_time"], str)
+
+
+def test_list_and_stats_show_tasks_with_times_python_cannot_hold(far_tasks):
+    for command in (["list"], ["list", "--json"], ["stats"], ["stats", "--json"]):
+        result = pgtaskd(*command, dsn=far_tasks)
+        assert (result.returncode, result.stderr) == (0, ""), (command, result.stderr)
+        if command[0] == "list":
+            assert all(task_id in result.stdout for task_id in [*FAR_TIMES, "plain"])
+        if command == ["stats", "--json"]:
+            json.loads(result.stdout, parse_constant=lambda name: pytest.fail(name))
