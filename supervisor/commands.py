@@ -16,8 +16,8 @@ from .config import MAX_BATCH_SIZE, Config
 from .db.connect import connect
 from .db.migrate import migrate
 from .db.redact import redact_dsn
-from .db.store import StoredJson
 from .db.session import database_dsn
+from .db.store import StoredJson
 from .errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError, quote
 from .logs import setup_logging
 
