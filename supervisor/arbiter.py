@@ -29,8 +29,9 @@ import psycopg
 from . import proctitle, systemd
 from .children import Child, RestartPolicy, describe_exit, kill_group, spawn_child
 from .config import Config, load_config
-from .db.connect import LazyConnection, redact_dsn
+from .db.connect import LazyConnection
 from .db.migrate import migrate
+from .db.redact import redact_dsn
 from .db.session import database_dsn
 from .errors import EXIT_FAILURE, EXIT_OK, ConfigError, MigrationError, OperationalError
 from .logs import emit

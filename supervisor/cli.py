@@ -19,7 +19,7 @@ from datetime import datetime
 import psycopg
 
 from .config import load_config
-from .errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError
+from .errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError, quote
 
 EPILOG = textwrap.dedent("""\
     examples:
@@ -48,7 +48,7 @@ def parse_duration(text: str) -> float:
     match = _DURATION.fullmatch(text.strip().lower())
     if not match:
         raise argparse.ArgumentTypeError(
-            f"cannot read {text!r} as a duration (like 30s, 5m, 2h, 1d, or seconds)")
+            f"cannot read {quote(text)} as a duration (like 30s, 5m, 2h, 1d, or seconds)")
     return float(match[1]) * _DURATION_UNITS[match[2]]
 
 
@@ -58,18 +58,27 @@ def parse_timestamp(text: str) -> datetime:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"cannot read {text!r} as an ISO-8601 timestamp "
+            f"cannot read {quote(text)} as an ISO-8601 timestamp "
             f"(like 2026-01-31T09:00:00+01:00 or 2026-01-31T08:00:00Z)") from None
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise argparse.ArgumentTypeError(
-            f"{text!r} has no time zone: add an offset, like Z or +01:00")
+            f"{quote(text)} has no time zone: add an offset, like Z or +01:00")
     return moment
 
 
+# argparse quotes a refused argument whole ('invalid int value: ...'); a 10 kB one, or 5,000
+# digits, would fill the screen. These bound what a usage error line repeats of the input.
+_LONG_QUOTED = re.compile(r"'([^'\n]{60})[^'\n]+'")
+MAX_USAGE_MESSAGE = 300
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit 2, never a usage dump."""
+    """argparse, but a usage error is one short line and exit 2, never a usage dump."""
 
     def error(self, message):
+        message = _LONG_QUOTED.sub(r"'\1...'", message)
+        if len(message) > MAX_USAGE_MESSAGE:  # 'unrecognized arguments' lists them unquoted
+            message = message[:MAX_USAGE_MESSAGE] + "..."
         raise UsageError(f"{self.prog}: {message}")
 
 
@@ -164,7 +173,7 @@ def _int_at_least(minimum: int):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+            raise argparse.ArgumentTypeError(f"{quote(text)} is not a whole number") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
         return value

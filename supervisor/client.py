@@ -36,7 +36,7 @@ from .config import DEFAULT_MAX_PAYLOAD_BYTES, Config, load_config
 from .db import store
 from .db.connect import connect, describe_target
 from .db.session import database_dsn
-from .errors import OperationalError, UsageError
+from .errors import OperationalError, UsageError, quote
 
 STATUSES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED")
 CANCELLABLE_STATUSES = ("PENDING", "RUNNING")
@@ -63,7 +63,7 @@ class TaskNotFound(OperationalError):
 
     def __init__(self, task_id: str):
         self.task_id = task_id
-        super().__init__(f"no task with id {task_id!r}")
+        super().__init__(f"no task with id {quote(task_id)}")
 
 
 class TaskStateError(OperationalError):
@@ -174,7 +174,7 @@ def _check_storable(payload: Mapping) -> None:
                 # json.dumps would turn 1 and "1" into the same key, and keep both.
                 if not isinstance(key, str):
                     raise UsageError(f"payload: object keys must be strings, got {_kind(key)} "
-                                     f"{key!r}")
+                                     f"{quote(key)}")
                 pending.extend((key, item))
         elif isinstance(value, (list, tuple)):
             pending.extend(value)
@@ -202,20 +202,20 @@ def _check_label(field: str, value: Any, max_length: int) -> str:
     if len(value) > max_length:
         raise UsageError(f"{field}: longer than {max_length} characters")
     if value != value.strip():
-        raise UsageError(f"{field}: must not start or end with white space, got {value!r}")
+        raise UsageError(f"{field}: must not start or end with white space, got {quote(value)}")
     if not value.isprintable():
         raise UsageError(f"{field}: must not contain control or format characters, "
-                         f"got {value!r}")
+                         f"got {quote(value)}")
     return value
 
 
 def _check_int(field: str, value: Any, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise UsageError(f"{field}: must be a whole number, got {_kind(value)} {value!r}")
+        raise UsageError(f"{field}: must be a whole number, got {_kind(value)} {quote(value)}")
     if value < minimum:
-        raise UsageError(f"{field}: must be {minimum} or more, got {value}")
+        raise UsageError(f"{field}: must be {minimum} or more, got {quote(value)}")
     if value > maximum:
-        raise UsageError(f"{field}: must be at most {maximum}, got {value}")
+        raise UsageError(f"{field}: must be at most {maximum}, got {quote(value)}")
     return value
 
 
@@ -240,14 +240,15 @@ def _check_delay(delay: Any) -> float:
     else:
         raise UsageError(f"delay: must be seconds or a timedelta, got {_kind(delay)}")
     if not math.isfinite(seconds) or not 0 <= seconds <= MAX_DELAY_SECONDS:
-        raise UsageError(f"delay: must be from 0 to {MAX_DELAY_SECONDS} seconds, got {delay!r}")
+        raise UsageError(f"delay: must be from 0 to {MAX_DELAY_SECONDS} seconds, "
+                         f"got {quote(delay)}")
     return seconds
 
 
 def check_status(status: Any) -> str:
     """An upper-cased task status, or UsageError naming the statuses there are."""
     if not isinstance(status, str) or status.upper() not in STATUSES:
-        raise UsageError(f"unknown status {status!r} (one of: {', '.join(STATUSES)})")
+        raise UsageError(f"unknown status {quote(status)} (one of: {', '.join(STATUSES)})")
     return status.upper()
 
 
@@ -374,7 +375,7 @@ class Client:
             arguments = dict(spec)
             unknown = sorted(set(arguments) - SUBMIT_FIELDS, key=str)
             if unknown:
-                raise UsageError(f"tasks[{position}]: unknown field {unknown[0]!r} "
+                raise UsageError(f"tasks[{position}]: unknown field {quote(unknown[0])} "
                                  f"(fields: {', '.join(sorted(SUBMIT_FIELDS))})")
             if "task_type" not in arguments:
                 raise UsageError(f"tasks[{position}]: task_type is missing")
@@ -425,18 +426,22 @@ class Client:
                 status = current["status"]
                 if status not in allowed:
                     raise TaskStateError(task_id, status,
-                                         f"cannot {verb} task {task_id!r}: it is {status} "
+                                         f"cannot {verb} task {quote(task_id)}: it is {status} "
                                          f"(only {' or '.join(allowed)} tasks can be {done})")
 
     def get(self, task_id: str) -> dict[str, Any] | None:
-        """Every column of the task, or None if there is no such task."""
+        """Every column of the task, or None if there is no such task.
+
+        A payload Python's json cannot read (an integer of 5000 digits that another client
+        stored, say) comes back as a ``StoredJson``: a str of PostgreSQL's JSON text; a time
+        a datetime cannot hold ('infinity', the year 20000) as PostgreSQL's text."""
         task_id = _check_lookup_id(task_id)
         with self._database() as conn:
             return store.get_task(conn, task_id)
 
     def list(self, status: str | None = None, task_type: str | None = None,
              limit: int = DEFAULT_LIST_LIMIT) -> list[dict[str, Any]]:
-        """Tasks, most recently updated first, each with every column."""
+        """Tasks, most recently updated first, each with every column (payloads as in get())."""
         status = None if status is None else check_status(status)
         task_type = None if task_type is None else _check_text("task_type", task_type)
         limit = _check_int("limit", limit, 1, MAX_LIST_LIMIT)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,10 +13,12 @@ from datetime import datetime, timezone
 
 from .client import STATUSES, Client, TaskNotFound, TaskStateError
 from .config import MAX_BATCH_SIZE, Config
-from .db.connect import connect, redact_dsn
+from .db.connect import connect
 from .db.migrate import migrate
+from .db.redact import redact_dsn
 from .db.session import database_dsn
-from .errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
+from .db.store import StoredJson
+from .errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError, quote
 from .logs import setup_logging
 
 
@@ -99,7 +102,7 @@ def cmd_worker(args, config: Config) -> int:
     setup_logging()
     pool_name = args.pool or (config.pools[0].name if config.pools else None)
     if pool_name is None or pool_name not in {p.name for p in config.pools}:
-        raise UsageError(f"--pool: no pool named {args.pool!r} in the config")
+        raise UsageError(f"--pool: no pool named {quote(args.pool)} in the config")
     stop_event = threading.Event()
     workers = []
 
@@ -164,7 +167,7 @@ def cmd_submit(args, config: Config) -> int:
         # Only a config that names handlers can say a type is unknown; a submit-only config
         # names none. Another daemon, with its own config, may still run this type.
         where = config.path or "the config"
-        print(f"warning: no handler for task type {args.task_type!r} in {where}; "
+        print(f"warning: no handler for task type {quote(args.task_type)} in {where}; "
               f"it waits until a daemon that handles it runs", file=sys.stderr)
     return EXIT_OK
 
@@ -267,6 +270,9 @@ def cmd_show(args, config: Config) -> int:
     if args.json:
         print_json(task)
         return EXIT_OK
+    if isinstance(task["payload"], StoredJson):
+        print(f"note: task {printable(task['id'])}: the payload is shown as PostgreSQL stores "
+              f"it, as Python cannot read it ({task['payload'].reason})", file=sys.stderr)
     width = max(len(column) for column in task) + 2
     # The payload may run over many lines: last, so that it does not split the fields.
     columns = [c for c in task if c != "payload"] + ["payload"]
@@ -277,6 +283,8 @@ def cmd_show(args, config: Config) -> int:
 
 
 def _shown(column: str, value) -> str:
+    if isinstance(value, StoredJson):
+        return str(value)
     if column == "payload":
         return json.dumps(value, indent=2, ensure_ascii=False)
     if value is None:
@@ -326,8 +334,34 @@ def cmd_stats(args, config: Config) -> int:
 
 
 def print_json(value) -> None:
-    """JSON on stdout: ASCII-only, so any terminal or pipe carries it intact."""
-    print(json.dumps(value, default=_json_value, indent=2))
+    """JSON on stdout: ASCII-only, so any terminal or pipe carries it intact.
+
+    A task's StoredJson payload is written as the JSON text it is, not as a string: scripts
+    get the same shape for every task, and the value PostgreSQL holds, digit for digit.
+    """
+    stored: list[str] = []
+
+    def marked(task):
+        if isinstance(task, dict) and isinstance(task.get("payload"), StoredJson):
+            stored.append(task["payload"])
+            return {**task, "payload": _stored_marker(len(stored) - 1)}
+        return task
+
+    value = [marked(task) for task in value] if isinstance(value, list) else marked(value)
+    text = json.dumps(value, default=_json_value, indent=2)
+    for index, payload in enumerate(stored):
+        text = text.replace(json.dumps(_stored_marker(index)), _ascii_json(payload), 1)
+    print(text)
+
+
+def _stored_marker(index: int) -> str:
+    # jsonb cannot hold U+0000, so no real value is ever printed as this.
+    return f"\x00stored payload {index}\x00"
+
+
+def _ascii_json(text: str) -> str:
+    """JSON text with every non-ASCII character escaped (they occur only inside strings)."""
+    return re.sub(r"[^\x00-\x7f]", lambda m: json.dumps(m[0])[1:-1], text)
 
 
 def _json_value(value):
@@ -336,9 +370,11 @@ def _json_value(value):
     raise TypeError(f"cannot print {type(value).__name__} as JSON")
 
 
-def human_time(value: datetime | None) -> str:
+def human_time(value: datetime | str | None) -> str:
     if value is None:
         return "-"
+    if isinstance(value, str):  # a time a datetime cannot hold, as PostgreSQL writes it
+        return value
     return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

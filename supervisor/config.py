@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
-from .errors import ConfigError
+from .config_file import check_size, parse_yaml, read_config_text
+from .db.redact import dsn_problem
+from .errors import ConfigError, quote
 
 CONFIG_ENV = "PGTASKD_CONFIG"
 DSN_ENV = "PGTASKD_DSN"
@@ -233,7 +233,7 @@ class _Validator:
     def unknown(self, tree: Mapping, path: str, allowed: set[str]) -> None:
         for key in tree:
             if key not in allowed:
-                where = f"{path}.{key}" if path else str(key)
+                where = f"{path}.{_key(key)}" if path else _key(key)
                 self.problem(where, f"unknown key (allowed: {', '.join(sorted(allowed))})")
 
     def number(self, tree: Mapping, key: str, path: str, default: float, *,
@@ -246,17 +246,18 @@ class _Validator:
         full = f"{path}.{key}" if path else key
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.problem(full, f"must be a number of seconds{hint}, got {_type_name(value)} "
-                               f"{_short(value)}")
+                               f"{quote(value)}")
             return default
-        if not math.isfinite(value):
-            self.problem(full, f"must be a finite number{hint}, got {value!r}")
+        # An integer is finite, and may be too large for math.isfinite() to convert.
+        if isinstance(value, float) and not math.isfinite(value):
+            self.problem(full, f"must be a finite number{hint}, got {quote(value)}")
             return default
         if (strict and value <= minimum) or (not strict and value < minimum):
             bound = "greater than" if strict else "at least"
-            self.problem(full, f"must be {bound} {minimum:g}{hint}, got {value!r}")
+            self.problem(full, f"must be {bound} {minimum:g}{hint}, got {quote(value)}")
             return default
         if value > maximum:
-            self.problem(full, f"must be at most {maximum:g}{hint}, got {value!r}")
+            self.problem(full, f"must be at most {maximum:g}{hint}, got {quote(value)}")
             return default
         return float(value)
 
@@ -273,7 +274,7 @@ class _Validator:
         value = tree[key]
         if not isinstance(value, bool):
             self.problem(f"{path}.{key}" if path else key,
-                         f"must be true or false, got {_type_name(value)} {_short(value)}")
+                         f"must be true or false, got {_type_name(value)} {quote(value)}")
             return default
         return value
 
@@ -284,10 +285,10 @@ class _Validator:
         value = tree[key]
         full = f"{path}.{key}" if path else key
         if isinstance(value, bool) or not isinstance(value, int):
-            self.problem(full, f"must be a whole number, got {_type_name(value)} {_short(value)}")
+            self.problem(full, f"must be a whole number, got {_type_name(value)} {quote(value)}")
             return default
         if not minimum <= value <= maximum:
-            self.problem(full, f"must be from {minimum} to {maximum}, got {_short(value)}")
+            self.problem(full, f"must be from {minimum} to {maximum}, got {quote(value)}")
             return default
         return value
 
@@ -303,14 +304,25 @@ class _Validator:
 
     def directory(self, tree: Mapping, key: str, path: str, default: str) -> Path:
         raw = self.string(tree, key, path, default) or default
+        if "\x00" in raw:  # the OS cannot take it, and Path.resolve() raises on it
+            self.problem(f"{path}.{key}", "must not hold a NUL character")
+            raw = default
         candidate = Path(os.path.expanduser(raw))
         return candidate if candidate.is_absolute() else (self.base_dir / candidate).resolve()
 
+    def dsn(self, where: str, dsn: str | None) -> str | None:
+        """The DSN, after recording why libpq could not read it (no part of its password)."""
+        problem = dsn_problem(dsn) if dsn else None
+        if problem:
+            self.problem(where, problem)
+        return dsn
 
-def _short(value: Any, limit: int = 60) -> str:
-    """A value as a problem line quotes it: never the whole of a huge one."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+def _key(key: Any) -> str:
+    """A mapping key as a key path shows it: as written if it is a short string."""
+    if isinstance(key, str) and len(key) <= 60 and key.isprintable():
+        return key
+    return quote(key)
 
 
 def _type_name(value: Any) -> str:
@@ -334,17 +346,7 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     v = _Validator(base_dir)
     v.unknown(tree, "", _TOP_KEYS)
 
-    db = v.section(tree, "database", "", {"dsn", "data_dir", "connect_timeout", "listen",
-                                          "listen_dsn", "transaction_pooler"})
-    dsn = env.get(DSN_ENV) or v.string(db, "dsn", "database", None) or None
-    database = DatabaseConfig(
-        dsn=dsn,
-        data_dir=v.directory(db, "data_dir", "database", DEFAULT_DATA_DIR),
-        connect_timeout=v.number(db, "connect_timeout", "database", 5.0, maximum=300),
-        listen=v.boolean(db, "listen", "database", True),
-        listen_dsn=v.string(db, "listen_dsn", "database", None) or None,
-        transaction_pooler=v.boolean(db, "transaction_pooler", "database", False),
-    )
+    database = _parse_database(v, tree, env)
 
     lease_tree = v.section(tree, "lease", "", {"seconds", "renew_interval"})
     seconds = v.number(lease_tree, "seconds", "lease", DEFAULT_LEASE_SECONDS)
@@ -382,9 +384,10 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
                                                    "request_timeout"})
     listen = v.string(metrics_tree, "listen", "metrics", DEFAULT_METRICS_LISTEN) or ""
     if listen and not re.match(r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$", listen):
-        v.problem("metrics.listen", f"must be host:port (like 127.0.0.1:9464), got {listen!r}")
+        v.problem("metrics.listen",
+                  f"must be host:port (like 127.0.0.1:9464), got {quote(listen)}")
     elif listen and not 0 <= int(listen.rpartition(":")[2]) <= 65535:
-        v.problem("metrics.listen", f"port must be 0 to 65535, got {listen!r}")
+        v.problem("metrics.listen", f"port must be 0 to 65535, got {quote(listen)}")
 
     config = Config(
         path=path,
@@ -438,6 +441,24 @@ def _parse_retention(v: _Validator, tree: Mapping) -> RetentionConfig:
     )
 
 
+def _parse_database(v: _Validator, tree: Mapping, env: Mapping[str, str]) -> DatabaseConfig:
+    db = v.section(tree, "database", "", {"dsn", "data_dir", "connect_timeout", "listen",
+                                          "listen_dsn", "transaction_pooler"})
+    if env.get(DSN_ENV):
+        dsn = v.dsn(DSN_ENV, env[DSN_ENV])
+    else:
+        dsn = v.dsn("database.dsn", v.string(db, "dsn", "database", None) or None)
+    return DatabaseConfig(
+        dsn=dsn,
+        data_dir=v.directory(db, "data_dir", "database", DEFAULT_DATA_DIR),
+        connect_timeout=v.number(db, "connect_timeout", "database", 5.0, maximum=300),
+        listen=v.boolean(db, "listen", "database", True),
+        listen_dsn=v.dsn("database.listen_dsn",
+                         v.string(db, "listen_dsn", "database", None) or None),
+        transaction_pooler=v.boolean(db, "transaction_pooler", "database", False),
+    )
+
+
 def _parse_handlers(v: _Validator, tree: Mapping) -> HandlersConfig:
     section = v.section(tree, "handlers", "", {"path", "types"})
     types_tree = section.get("types") or {}
@@ -447,11 +468,12 @@ def _parse_handlers(v: _Validator, tree: Mapping) -> HandlersConfig:
                                     f"got {_type_name(types_tree)}")
     else:
         for task_type, spec in types_tree.items():
-            where = f"handlers.types.{task_type}"
+            where = f"handlers.types.{_key(task_type)}"
             if not isinstance(task_type, str) or not task_type:
                 v.problem(where, "a task type must be a non-empty string")
             elif not isinstance(spec, str) or not _HANDLER_SPEC.match(spec):
-                v.problem(where, f"must be 'module:function' (like 'echo:handle'), got {spec!r}")
+                v.problem(where, f"must be 'module:function' (like 'echo:handle'), "
+                                 f"got {quote(spec)}")
             else:
                 types[task_type] = spec
     return HandlersConfig(path=v.directory(section, "path", "handlers", DEFAULT_HANDLERS_PATH),
@@ -467,7 +489,7 @@ def _parse_pools(v: _Validator, tree: Mapping, handlers: HandlersConfig) -> tupl
         return ()
     pools = []
     for name, settings in raw.items():
-        where = f"pools.{name}"
+        where = f"pools.{_key(name)}"
         if not isinstance(name, str) or not _POOL_NAME.match(name):
             v.problem(where, "a pool name must be 1-40 letters, digits, '_' or '-'")
             continue
@@ -490,7 +512,7 @@ def _parse_pools(v: _Validator, tree: Mapping, handlers: HandlersConfig) -> tupl
             for t in task_types:
                 if t not in handlers.types:
                     v.problem(f"{where}.task_types",
-                              f"{t!r} has no handler under handlers.types")
+                              f"{quote(t)} has no handler under handlers.types")
             chosen = tuple(dict.fromkeys(task_types))
         pools.append(PoolConfig(name, processes, chosen, batch_size))
     return tuple(pools)
@@ -514,19 +536,12 @@ def load_config(explicit: str | os.PathLike | None = None,
     if path is None:
         return parse_config({}, base_dir=Path.cwd(), env=env)
     if text is None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config file ({exc.strerror})") from None
-    try:
-        tree = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}: invalid YAML{where}: {reason}") from None
+        text = read_config_text(path)
+    else:
+        # A snapshot was read from the file by the supervisor, so this holds already; counting
+        # characters (at most the bytes) keeps text that cannot be encoded from failing here.
+        check_size(path, len(text))
+    tree = parse_yaml(path, text)
     try:
         return parse_config(tree, base_dir=path.resolve().parent, path=path.resolve(), env=env,
                             source=text)

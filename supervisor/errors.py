@@ -1,4 +1,8 @@
-"""Exceptions that cross module boundaries, and the exit codes they map to."""
+"""Exceptions that cross module boundaries, the exit codes they map to, and how their
+messages quote a value."""
+
+import math
+import reprlib
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # operational failure: the database is unreachable, a task is missing
@@ -39,3 +43,30 @@ class OperationalError(Exception):
 class MigrationError(OperationalError):
     """A migration failed on the database's content (a foreign ``tasks`` table, say):
     waiting and retrying cannot help."""
+
+
+class _Quoter(reprlib.Repr):
+    """reprlib, which stops after a few items, levels and characters, so that quoting a value
+    costs the same however large the value is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxdict, self.maxlist, self.maxset = 2, 4, 4, 4
+        self.maxstring = self.maxother = self.maxlong = 60
+
+    def repr_int(self, x: int, level: int) -> str:
+        # repr() refuses integers past Python's int-string limit (4300 digits), which a YAML
+        # hex literal reaches in a few kilobytes; long before that, the digits say nothing.
+        if x.bit_length() > 128:
+            return f"<an integer of about {round(x.bit_length() * math.log10(2))} digits>"
+        return super().repr_int(x, level)
+
+
+_QUOTER = _Quoter()
+
+
+def quote(value, limit: int = 60) -> str:
+    """A value as a message quotes it: its repr, or a short prefix of a huge one (an id of
+    10 kB, a 5,000-digit number) so that the line stays readable and its cost small."""
+    text = _QUOTER.repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -169,6 +169,16 @@ def task_row(conn, task_id: str) -> dict:
     return row
 
 
+def billion_laughs(levels: int = 9, width: int = 9) -> str:
+    """YAML whose last anchor expands to width**levels strings ("billion laughs"), placed
+    where a config problem would quote it: the expanded value takes gigabytes."""
+    lines = ["x:", "  a0: &a0 [" + ", ".join(["lol"] * width) + "]"]
+    for level in range(1, levels):
+        lines.append(f"  a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * width) + "]")
+    lines += ["handlers:", "  types:", f"    bomb: *a{levels - 1}", ""]
+    return "\n".join(lines)
+
+
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, message: str = ""):
     """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
     deadline = time.monotonic() + timeout

@@ -1,51 +1,20 @@
-"""Opening connections, and printing DSNs without their passwords."""
+"""Opening connections, and naming the server in errors without its password."""
 
 from __future__ import annotations
-
-import re
-from urllib.parse import unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..errors import OperationalError
-
-_URI_PASSWORD = re.compile(r"^(\w+://[^:/@]*:)([^@]*)@")
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-
-
-def redact_dsn(dsn: str | None) -> str:
-    """The DSN with any password replaced by ``***``, safe to log or print."""
-    if not dsn:
-        return "(embedded)"
-    if re.match(r"^\w+://", dsn):
-        # Only the key=value form may hold a password up to the next space: in a URI that
-        # would swallow every query parameter after ?password=.
-        redacted = _URI_PASSWORD.sub(r"\1***@", dsn)
-        return re.sub(r"([?&]password=)[^&]*", r"\1***", redacted, flags=re.IGNORECASE)
-    return _KV_PASSWORD.sub(r"\1***", dsn)
-
-
-def _passwords(dsn: str) -> list[str]:
-    """Every spelling of the DSN's password that an error message could quote."""
-    found = []
-    match = re.match(r"^\w+://[^:/@]*:([^@]*)@", dsn)
-    if match:
-        found.append(match[1])
-    found += re.findall(r"[?&]password=([^&]*)", dsn, flags=re.IGNORECASE)
-    found += [m.strip("'") for m in re.findall(r"password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)", dsn,
-                                               flags=re.IGNORECASE)]
-    found += [unquote(s) for s in found]
-    # Longest first, so a password containing another candidate is replaced whole.
-    return sorted({s for s in found if s}, key=len, reverse=True)
+from .redact import MISREAD_HINT, doubtful, hide_secrets, misread_uri, redact_dsn
 
 
 def describe_target(dsn: str) -> str:
-    """``host:port/dbname`` of a DSN, for error messages."""
-    try:
-        parts = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
+    """``host:port/dbname`` of a DSN, for error messages; the DSN redacted when libpq reads
+    it otherwise than it is written (those names may be pieces of the password)."""
+    if doubtful(dsn):
         return redact_dsn(dsn)
+    parts = conninfo_to_dict(dsn)
     host = parts.get("host") or parts.get("hostaddr") or "localhost"
     port = parts.get("port") or "5432"
     dbname = parts.get("dbname") or parts.get("user")
@@ -64,11 +33,7 @@ def connection_failure(dsn: str, exc: BaseException) -> OperationalError:
         reason = reason.rsplit("failed: ", 1)[1]
     reason = " ".join(reason.split())
     if dsn:
-        reason = reason.replace(dsn, redact_dsn(dsn))
-        # libpq quotes the piece of a DSN it cannot parse, and that piece can be the
-        # password itself.
-        for secret in _passwords(dsn):
-            reason = reason.replace(secret, "***")
+        reason = hide_secrets(reason, dsn) + (MISREAD_HINT if misread_uri(dsn) else "")
     return OperationalError(f"cannot connect to PostgreSQL at {describe_target(dsn)}: {reason}")
 
 

@@ -337,10 +337,13 @@ SELECT
     (SELECT count(*) FROM tasks
       WHERE status = 'RUNNING' AND lease_until <= now() - (%(lease_grace)s * interval '1 second'))
         AS stuck_leases,
-    -- A row a client inserted with scheduled_time '-infinity' is due and counted above, but
-    -- has no age: now() minus it is out of range and would fail the whole check.
-    (SELECT extract(epoch FROM now() - min(scheduled_time))::float8 FROM tasks
-      WHERE status = 'PENDING' AND scheduled_time <= now() AND isfinite(scheduled_time))
+    -- A client may schedule a task at -infinity: its wait counts from year 1, so the age
+    -- stays a number (JSON has no Infinity) and still far past any max_pending_age. The
+    -- bare min() keeps its index scan; no due task leaves no row, so the age is NULL.
+    (SELECT extract(epoch FROM now() - greatest(oldest, '0001-01-01 00:00Z'))::float8
+       FROM (SELECT min(scheduled_time) AS oldest FROM tasks
+              WHERE status = 'PENDING' AND scheduled_time <= now()) AS due
+      WHERE oldest IS NOT NULL)
         AS oldest_pending_age;
 
 -- name: count_by_status

@@ -7,12 +7,16 @@ never see SQL.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Iterable, Sequence
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
+from psycopg.types.datetime import TimestamptzLoader
+from psycopg.types.json import Jsonb, set_json_loads
 
 from ..config import FINISHED_STATUSES, RetryConfig
 from .queries import QUERIES
@@ -26,14 +30,70 @@ class Claim:
     token: int
 
 
-def _one(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> dict | None:
-    with conn.cursor(row_factory=dict_row) as cur:
+class StoredJson(str):
+    """A payload Python's json module cannot read, as the JSON text PostgreSQL returned.
+
+    jsonb takes integers past Python's 4300-digit limit, numbers past a float's range (which
+    Python would read as inf, and print as the non-JSON Infinity) and nesting past Python's
+    recursion limit. A row holding one is still a task to show, cancel or retry: failing the
+    read would hide it, and every row listed with it. ``reason`` says what Python refused.
+    """
+
+    reason: str
+
+    def __new__(cls, text: str, reason: str) -> "StoredJson":
+        instance = super().__new__(cls, text)
+        instance.reason = reason
+        return instance
+
+
+def read_json(data: bytes) -> Any:
+    """jsonb as Python values, or as a StoredJson when Python's json cannot read it."""
+    try:
+        return json.loads(data, parse_float=_finite_float)
+    except RecursionError:
+        return StoredJson(data.decode("utf-8"), "nested deeper than Python's json reads")
+    except ValueError as exc:
+        return StoredJson(data.decode("utf-8"), str(exc).split(";")[0])
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"a number of {len(text)} characters, past the range of a float")
+    return value
+
+
+class TimeOrText(TimestamptzLoader):
+    """timestamptz as a datetime, or as PostgreSQL's text where a datetime cannot hold it
+    ('infinity', a year past 9999 or before 1), which any client may have written: the task
+    is still shown. Python code, so only the queries that show whole rows use it."""
+
+    def load(self, data) -> datetime | str:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            return bytes(data).decode()
+
+
+def _cursor(conn: psycopg.Connection, *, any_time: bool) -> psycopg.Cursor:
+    cur = conn.cursor(row_factory=dict_row)
+    set_json_loads(read_json, cur)
+    if any_time:
+        cur.adapters.register_loader("timestamptz", TimeOrText)
+    return cur
+
+
+def _one(conn: psycopg.Connection, name: str, params: dict[str, Any], *,
+         any_time: bool = False) -> dict | None:
+    with _cursor(conn, any_time=any_time) as cur:
         cur.execute(QUERIES[name], params)
         return cur.fetchone()
 
 
-def _all(conn: psycopg.Connection, name: str, params: dict[str, Any]) -> list[dict]:
-    with conn.cursor(row_factory=dict_row) as cur:
+def _all(conn: psycopg.Connection, name: str, params: dict[str, Any], *,
+         any_time: bool = False) -> list[dict]:
+    with _cursor(conn, any_time=any_time) as cur:
         cur.execute(QUERIES[name], params)
         return cur.fetchall()
 
@@ -158,7 +218,7 @@ def cancel_task(conn, task_id: str) -> bool:
 
 
 def get_task(conn, task_id: str) -> dict | None:
-    return _one(conn, "get_task", {"task_id": task_id})
+    return _one(conn, "get_task", {"task_id": task_id}, any_time=True)
 
 
 def task_status(conn, task_id: str) -> dict | None:
@@ -229,7 +289,8 @@ def retry_task(conn, task_id: str) -> bool:
 
 
 def list_tasks(conn, *, status: str | None, task_type: str | None, limit: int) -> list[dict]:
-    return _all(conn, "list_tasks", {"status": status, "task_type": task_type, "limit": limit})
+    return _all(conn, "list_tasks", {"status": status, "task_type": task_type, "limit": limit},
+                any_time=True)
 
 
 def count_by_type_and_status(conn) -> list[dict]:

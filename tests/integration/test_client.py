@@ -466,3 +466,15 @@ def test_an_owned_connection_that_broke_is_reopened(client, conn):
         client.get("before")
     assert client.get("before")["id"] == "before"
     assert client._connection().info.backend_pid != backend
+
+
+def test_a_payload_python_cannot_read_comes_back_as_its_stored_text(db_dsn, conn):
+    conn.execute("INSERT INTO tasks (id, name, task_type, payload) VALUES "
+                 "('huge', 'huge', 'echo', %s::jsonb)", ('{"n": ' + "7" * 5000 + "}",))
+    stored = conn.execute("SELECT payload::text FROM tasks").fetchone()[0]
+    with Client(db_dsn) as client:
+        payload = client.get("huge")["payload"]
+        listed = client.list()
+    assert isinstance(payload, store.StoredJson) and payload == stored
+    assert "4300 digits" in payload.reason
+    assert [(task["id"], task["payload"]) for task in listed] == [("huge", stored)]

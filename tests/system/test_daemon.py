@@ -16,7 +16,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import add_task, task_row, wait_until
+from conftest import add_task, billion_laughs, task_row, wait_until
 from daemon import (HANDLER_TYPES, Daemon, cmdline, metric_sum, parse_ts, pid_alive)
 from pgcluster import free_port
 
@@ -306,11 +306,14 @@ def test_sighup_with_broken_yaml_changes_nothing(start_daemon, conn):
     assert "processes: 2" in good_yaml
     for broken, why in (("pools:\n  default: {processes: 5\n", "invalid YAML"),
                         (good_yaml.replace("processes: 2", "processes: -1"),
-                         "pools.default.processes: must be from 0 to 512, got -1")):
+                         "pools.default.processes: must be from 0 to 512, got -1"),
+                        # Refused before anything walks it: the loop (and with it the
+                        # watchdog ping) is not held while gigabytes are expanded.
+                        (billion_laughs(), "aliases (*name) are not allowed")):
         d.write_raw_config(broken)
         mark = d.mark()
         d.send(signal.SIGHUP)
-        failed = d.wait_for("reload_failed", since=mark)
+        failed = d.wait_for("reload_failed", since=mark, timeout=10)
         assert why in " ".join(failed["problems"]), failed
         task_id = add_task(conn, f"still-{mark}", "echo")
         wait_status(conn, [task_id], "COMPLETED", daemons=[d])

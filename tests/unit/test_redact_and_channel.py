@@ -5,9 +5,13 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from secret_dsns import SECRET_STEM, WELL_FORMED, dsn_shapes, passwords
 from supervisor.channel import MAX_PACKET, Link, socket_pair
-from supervisor.db.connect import connection_failure, describe_target, redact_dsn
+from supervisor.db.connect import connection_failure, describe_target
+from supervisor.db.redact import redact_dsn
 
 
 @pytest.mark.parametrize("dsn, expected", [
@@ -22,7 +26,6 @@ from supervisor.db.connect import connection_failure, describe_target, redact_ds
      "postgresql://db/tasks?sslmode=require&PASSWORD=***"),
     ("host=db password=s3cret user=app", "host=db password=*** user=app"),
     ("host=db password = 's3 cr\\'et' user=app", "host=db password = *** user=app"),
-    ("PASSWORD=s3cret host=db", "PASSWORD=*** host=db"),
 ])
 def test_redact_dsn_hides_the_password_and_keeps_the_rest(dsn, expected):
     assert redact_dsn(dsn) == expected
@@ -50,6 +53,54 @@ def test_a_connection_failure_message_never_carries_the_password():
     error = connection_failure(dsn, Exception(f"connection failed: could not reach {dsn}"))
     assert "s3cret" not in str(error)
     assert str(error).startswith("cannot connect to PostgreSQL at db:5432/tasks: ")
+
+
+@pytest.mark.parametrize("dsn, expected", [
+    # '/' or '@' typed into a URI's password: libpq reads a host and a database out of it.
+    ("postgresql://app:pa/ss@w@rd@127.0.0.1:1/db", "postgresql://app:***@127.0.0.1:1/db"),
+    ("postgresql://app:p@ss@db/tasks?sslmode=require",
+     "postgresql://app:***@db/tasks?sslmode=require"),
+    ("postgresql://app:pa%2Fss%40w%40rd@db/tasks", "postgresql://app:***@db/tasks"),
+    # libpq reads a backslash as "the next character as is", and only ASCII white space ends
+    # an unquoted value.
+    ("host=db password=pa\\ ss user=app", "host=db password=*** user=app"),
+    ("host=db password=pa\u00a0ss user=app", "host=db password=*** user=app"),
+    ("host=db password='pa ss@w/rd' user=app", "host=db password=*** user=app"),
+    # Unreadable DSNs: where the password ends is a guess, so the rest is hidden.
+    ("host=db password=pa ss user=app", "host=db password=***"),
+    ("postgresql://app@db/t?password=a&b&sslmode=require", "postgresql://app@db/t?password=***"),
+    ("host='db password=s3cret", "host='db password=***"),
+    # libpq knows no PASSWORD, so it cannot read this DSN.
+    ("PASSWORD=s3cret host=db", "PASSWORD=***"),
+])
+def test_redact_dsn_hides_every_spelling_of_the_password(dsn, expected):
+    assert redact_dsn(dsn) == expected
+
+
+@given(passwords(), st.sampled_from(list(dsn_shapes("x", 1))))
+def test_redact_dsn_never_shows_a_part_of_the_password(password, shape):
+    dsn = dsn_shapes(password, 5432)[shape]
+    redacted = redact_dsn(dsn)
+    assert SECRET_STEM not in redacted, (dsn, redacted)
+    if shape in WELL_FORMED:
+        assert "127.0.0.1" in redacted, (dsn, redacted)
+
+
+@pytest.mark.parametrize("dsn, message", [
+    # A misread URI: libpq and psycopg quote the host they read out of the password.
+    ("postgresql://app:S3KRIT0@S3KRIT1@127.0.0.1:1/db",
+     "failed to resolve host 'S3KRIT1@127.0.0.1': [Errno -2] Name or service not known"),
+    ("postgresql://app:S3KRIT0/S3KRIT1@127.0.0.1:1/db",
+     'invalid integer value "S3KRIT0" for connection option "port"'),
+    ("postgresql://app:S3KRIT0/S3KRIT1@127.0.0.1:1/db",
+     'connection failed: FATAL:  database "S3KRIT1@127.0.0.1:1/db" does not exist'),
+    # An unreadable key=value DSN: libpq quotes the word after the password.
+    ("host=127.0.0.1 password=S3KRIT0 S3KRIT1 dbname=db",
+     'missing "=" after "S3KRIT1" in connection info string'),
+])
+def test_a_connection_failure_hides_what_libpq_quotes_from_a_doubtful_dsn(dsn, message):
+    error = str(connection_failure(dsn, Exception(message)))
+    assert error.startswith("cannot connect to PostgreSQL at ") and SECRET_STEM not in error
 
 
 # -- the link -----------------------------------------------------------------------------------
