@@ -15,77 +15,31 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import resource
 import select
-import shutil
 import signal
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
-import psycopg
 
 from . import proctitle, systemd
 from .children import Child, RestartPolicy, describe_exit, kill_group, spawn_child
 from .config import Config, load_config
-from .db.connect import LazyConnection
-from .db.migrate import migrate
 from .db.redact import redact_dsn
 from .db.session import database_dsn
-from .errors import EXIT_FAILURE, EXIT_OK, ConfigError, MigrationError, OperationalError
+from .errors import EXIT_FAILURE, EXIT_OK, ConfigError, OperationalError
+from .limits import raise_open_files_limit, restore_open_files_limit
 from .logs import emit
+from .services import Services, cleanup_metrics_dir, prepare_metrics_dir, wait_for_database
 
 # A child that does not say "booted" within this long is killed and counts as a boot failure.
 BOOT_TIMEOUT = 60.0
-# Database start-up: how long the supervisor waits for PostgreSQL before giving up.
-STARTUP_DB_PATIENCE = 60.0
 # How long a stopping supervisor waits for the lease keeper to settle its last claims.
 SETTLE_PATIENCE = 5.0
 LOOP_TICK = 0.5
-# The supervisor raises its own open-files soft limit to the hard limit, but not past this:
-# a hard limit of "infinity" or 2^30 is not a number of descriptors anyone means to use.
-MAX_OPEN_FILES = 65536
 
 SIGNAL_NAMES = {signal.SIGHUP: "hup", signal.SIGTERM: "term", signal.SIGINT: "int",
                 signal.SIGQUIT: "quit", signal.SIGTTIN: "ttin", signal.SIGTTOU: "ttou"}
-
-
-def raise_open_files_limit() -> tuple[int, int] | None:
-    """Raise this process's soft RLIMIT_NOFILE to its hard limit (at most MAX_OPEN_FILES).
-
-    Why: the supervisor holds a pipe per child, database connections and the HTTP server's
-    connections, and the usual soft limit is 1024. Running out in the main loop (a child
-    restart that cannot open its pipe) stops all work at once; the HTTP server is bounded,
-    but the limit is the last line. The soft limit stays low by default only for programs
-    that select() (FD_SETSIZE is 1024); the arbiter loop uses poll(), and the children get
-    the old limit back (restore_open_files_limit). Returns the limits we started with, for
-    the children, or None if nothing changed.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = MAX_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, MAX_OPEN_FILES)
-    if soft == resource.RLIM_INFINITY or soft >= target:
-        return None
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ValueError, OSError) as exc:
-        emit("open_files_limit_kept", logging.WARNING, soft=soft, hard=hard, error=str(exc))
-        return None
-    emit("open_files_limit_raised", soft=target, was=soft, hard=hard)
-    return soft, hard
-
-
-def restore_open_files_limit(pid: int, limits: tuple[int, int] | None) -> None:
-    """Give a child the open-files limit the supervisor started with: its lease thread and
-    its handlers may select(), which fails on descriptors past 1023. Done right after the
-    child started (there is no rlimit argument to Popen, and a preexec_fn is unsafe in a
-    threaded parent); the few descriptors Python opens meanwhile fit either limit."""
-    if limits is None:
-        return
-    try:
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
-    except (OSError, ValueError):
-        pass  # the child is already gone, or we may not: it keeps the raised limit
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
 @dataclass
@@ -117,13 +71,7 @@ class Arbiter:
         self._wake_r, self._wake_w = os.pipe()
         self.metrics_dir: str | None = None
         self.child_open_files: tuple[int, int] | None = None
-        self.keeper = None
-        self.relay = None
-        self.retention = None
-        self.services: list = []
-        self.http = None
-        self.health = None
-        self.metrics_archive = None
+        self.services = None
         self._last_watchdog = 0.0
         self._last_status = ""
         self.started_at = time.monotonic()
@@ -135,147 +83,38 @@ class Arbiter:
     def run(self) -> int:
         self.child_open_files = raise_open_files_limit()
         proctitle.supervisor_title(self.config.path)
-        self.prepare_metrics_dir()
+        self.metrics_dir = prepare_metrics_dir()
         self.install_signals()
         emit("supervisor_starting", config=str(self.config.path or "(defaults)"),
              database=redact_dsn(self.config.database.dsn), pid=os.getpid())
         try:
             with database_dsn(self.config) as dsn:
                 self.dsn = dsn
-                if not self.wait_for_database():
+                stop_asked = lambda: any(s in self.signal_queue for s in STOP_SIGNALS)  # noqa: E731
+                if not wait_for_database(self.config, dsn, migrate_on_start=self.migrate_on_start,
+                                         demo=self.demo, stop_asked=stop_asked):
                     emit("supervisor_stopped", reason="stopped while waiting for the database")
                     return EXIT_OK
-                self.start_services()
+                self.services = Services(self.config, dsn, self.metrics_dir,
+                                         children=lambda: self.children_view,
+                                         children_status=lambda: self.children_snapshot)
+                self.services.start()
                 try:
                     self.loop()
                 finally:
-                    self.stop_services()
+                    self.services.stop()
         except OperationalError as exc:
             emit("supervisor_failed", logging.ERROR, error=str(exc))
             systemd.notify("STOPPING=1", f"STATUS=failed: {exc}")
             return EXIT_FAILURE
         finally:
-            self.cleanup_metrics_dir()
+            cleanup_metrics_dir(self.metrics_dir)
         emit("supervisor_stopped")
         return EXIT_OK
 
-    def prepare_metrics_dir(self) -> None:
-        """A fresh multiprocess directory, named in the environment before prometheus_client
-        is first imported: the library chooses its storage at import time."""
-        runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
-        if runtime:
-            self.metrics_dir = os.path.join(runtime, "metrics")
-            shutil.rmtree(self.metrics_dir, ignore_errors=True)
-            os.makedirs(self.metrics_dir, mode=0o700)
-        else:
-            self.metrics_dir = tempfile.mkdtemp(prefix="pgtaskd-metrics-")
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
-        if "prometheus_client" in sys.modules:
-            emit("metrics_degraded", logging.WARNING,
-                 reason="prometheus_client was imported before the multiprocess directory was set")
-
-    def cleanup_metrics_dir(self) -> None:
-        if self.metrics_dir:
-            shutil.rmtree(self.metrics_dir, ignore_errors=True)
-
-    def wait_for_database(self) -> bool:
-        """Reach PostgreSQL and migrate, retrying for a while: the database may be starting
-        alongside us (same boot, same systemd transaction). Before the loop starts, so no
-        child waits on it. False if told to stop first."""
-        deadline = time.monotonic() + STARTUP_DB_PATIENCE
-        delay = 0.5
-        db = LazyConnection(self.dsn, connect_timeout=self.config.database.connect_timeout,
-                            application_name="pgtaskd supervisor",
-                            pooled=self.config.database.transaction_pooler)
-        try:
-            while True:
-                try:
-                    conn = db.get()
-                    if self.migrate_on_start:
-                        for migration in migrate(conn):
-                            emit("migration_applied", version=migration.version,
-                                 name=migration.name)
-                    if self.demo:
-                        from .demo import submit_demo_tasks
-                        submit_demo_tasks(conn)
-                    return True
-                except MigrationError:
-                    raise
-                except (OperationalError, psycopg.OperationalError) as exc:
-                    db.close()
-                    if any(s in self.signal_queue
-                           for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)):
-                        return False
-                    if time.monotonic() >= deadline:
-                        raise OperationalError(str(exc)) from None
-                    emit("database_waiting", logging.WARNING,
-                         error=str(exc).strip().splitlines()[-1])
-                    time.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-        finally:
-            db.close()
-
-    def start_services(self) -> None:
-        from .leases import LeaseKeeper
-        from .maintenance.health import HealthChecker
-        from .maintenance.reaper import LeaseReaper
-        from .maintenance.retention import RetentionService
-        from .wakeups import WakeRelay
-
-        config = self.config
-        timeout = config.database.connect_timeout
-        pooled = config.database.transaction_pooler
-        self.keeper = LeaseKeeper(self.dsn, lease_seconds=config.lease.seconds,
-                                  renew_interval=config.lease.renew_interval,
-                                  retry=config.retry, connect_timeout=timeout, pooled=pooled)
-        reaper = LeaseReaper(self.dsn, interval=config.reaper.interval,
-                             batch_size=config.reaper.batch_size, retry=config.retry,
-                             connect_timeout=timeout, on_reaped=self._count_reaped,
-                             pooled=pooled)
-        health = HealthChecker(self.dsn, interval=config.health.interval,
-                               max_pending_age=config.health.max_pending_age,
-                               lease_grace=max(3 * config.reaper.interval, 10.0),
-                               children=lambda: self.children_snapshot,
-                               connect_timeout=timeout, pooled=pooled)
-        self.retention = RetentionService(self.dsn, policy=config.retention,
-                                          connect_timeout=timeout,
-                                          on_deleted=self._count_deleted, pooled=pooled)
-        self.services = [self.keeper, reaper, health, self.retention]
-        listen_dsn = config.database.listen_dsn or (None if pooled else self.dsn)
-        if config.database.listen and listen_dsn:
-            self.relay = WakeRelay(listen_dsn, children=lambda: self.children_view,
-                                   connect_timeout=timeout)
-            self.services.append(self.relay)
-        elif config.database.listen:
-            emit("wakeups_unavailable", logging.WARNING, fallback="polling",
-                 error="LISTEN needs a session connection, which a transaction pooler does "
-                       "not give: set database.listen_dsn to PostgreSQL itself")
-        for service in self.services:
-            service.start()
-        self.health = health
-        from .maintenance.metrics_archive import MetricsArchive
-        self.metrics_archive = MetricsArchive(
-            self.metrics_dir, live_pids=lambda: [c.pid for c in self.children_view])
-        self.metrics_archive.start()
-        address = config.metrics.address
-        if address:
-            from .maintenance.http import MetricsServer
-            try:
-                self.http = MetricsServer(address, health, self.metrics_archive,
-                                          max_connections=config.metrics.max_connections,
-                                          request_timeout=config.metrics.request_timeout)
-            except OSError as exc:
-                raise OperationalError(f"metrics.listen {config.metrics.listen}: cannot listen: "
-                                       f"{exc.strerror}") from None
-            self.http.start()
-
-    def stop_services(self) -> None:
-        if self.http:
-            self.http.stop()
-        if self.metrics_archive:
-            self.metrics_archive.stop()
-        for service in self.services:
-            service.stop()
+    @property
+    def keeper(self):
+        return self.services.keeper
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -342,8 +181,8 @@ class Arbiter:
             self.on_claimed(child, message["claims"])
         elif kind == "idle":
             child.idle_since = float(message["since"])
-            if self.relay is not None:
-                self.relay.wake_if_missed(child)
+            if self.services.relay is not None:
+                self.services.relay.wake_if_missed(child)
         elif kind == "booted":
             child.booted = True
             child.worker_id = message.get("worker_id")
@@ -536,8 +375,8 @@ class Arbiter:
         from . import metrics
 
         multiprocess.mark_process_dead(child.pid, self.metrics_dir)
-        if self.metrics_archive is not None:
-            self.metrics_archive.child_died(child.pid)  # folded on the archive's thread
+        if self.services.metrics_archive is not None:
+            self.services.metrics_archive.child_died(child.pid)  # folded on the archive's thread
         lived = time.monotonic() - child.started
         how = describe_exit(code, sent_by_us=child.killed_by_us)
         expected = child.stopping is not None and code == 0
@@ -625,14 +464,7 @@ class Arbiter:
         self.generation = reload.generation
         self.targets = {p.name: p.processes for p in reload.config.pools}
         self.restarts.reset()  # a reload is the way to re-arm a fused pool
-        self.keeper.lease_seconds = reload.config.lease.seconds
-        self.keeper.renew_interval = reload.config.lease.renew_interval
-        self.keeper.retry = reload.config.retry
-        # An operator who turns deletion off for a status wants it off now, not at the next
-        # restart. The pass under way finishes with the policy it started with; a new
-        # interval applies after the current wait.
-        self.retention.policy = reload.config.retention
-        self.retention.interval = reload.config.retention.interval
+        self.services.apply(reload.config)
         self.reload = None
         emit("reload_finished", generation=self.generation, pools=dict(self.targets))
         systemd.notify("READY=1")
@@ -705,21 +537,9 @@ class Arbiter:
         line += f", {busy} busy"
         if status.fused_pools:
             line += f", FUSED: {','.join(status.fused_pools)}"
-        if self.health is not None:
-            latest = self.health.latest()
+        if self.services is not None and self.services.health is not None:
+            latest = self.services.health.latest()
             line += f", {latest.tasks_by_status.get('PENDING', 0)} pending"
         if line != self._last_status:
             self._last_status = line
             systemd.notify(line)
-
-    def _count_reaped(self, row: dict) -> None:
-        from . import metrics
-
-        metrics.LEASES_REAPED.labels(row["task_type"], row["status"]).inc()
-        counter = metrics.TASKS_FAILED if row["status"] == "FAILED" else metrics.TASKS_RETRIED
-        counter.labels("reaper", row["task_type"]).inc()
-
-    def _count_deleted(self, status: str, count: int) -> None:
-        from . import metrics
-
-        metrics.TASKS_DELETED.labels(status).inc(count)

@@ -179,11 +179,11 @@ def measure_ceiling(dsn: str, options: Options, progress) -> float:
 
 def ceiling_worker(batch_size: int) -> int:
     """One bare claim-and-complete loop (``python -m supervisor.bench ceiling N``)."""
-    from .worker.loop import _use_generic_plans
+    from .worker.pools import use_generic_plans
 
     worker_id = f"ceiling:{os.getpid()}"
     with connect(os.environ[DSN_ENV]) as conn:
-        _use_generic_plans(conn)
+        use_generic_plans(conn)
         print("ready", flush=True)
         sys.stdin.readline()
         done: list[store.Claim] = []

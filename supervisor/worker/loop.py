@@ -22,33 +22,28 @@ import inspect
 import logging
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-import psycopg
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
 from .. import metrics
 from ..config import Config
 from ..db import store
-from ..db.connect import with_options
 from ..db.deadline import within
 from ..errors import PermanentError, TaskCancelled
 from ..logs import emit
+from .failures import describe, shorten, with_origin
+from .final_writes import DB_ERRORS, STATEMENT_DEADLINE, AlreadyWritten, write_final
 from .leases import LeaseHolder, LocalLeases
+from .pools import open_pool
 from .task import Task, decode_payload
 
-_DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)
 # How long a final write keeps retrying through a database outage before giving up; past it
 # the lease has long expired and the task runs again elsewhere (at-least-once).
 MIN_FINALIZE_PATIENCE = 60.0
-# The longest one statement of the loop may wait for an answer before its connection is cut
-# and the statement retried on another (a peer that acknowledges TCP but never answers).
-STATEMENT_DEADLINE = 10.0
 MAX_LOOP_ERROR_BACKOFF = 10.0
 MAX_ERROR_MESSAGE = 4000
-RECONNECT_FOREVER = 365 * 24 * 3600.0
 # A batch's waiting tasks are given back once the handler ahead of them ran this long (or a
 # quarter of the lease, if that is shorter).
 BATCH_HOLD = 1.0
@@ -71,45 +66,6 @@ class _Done:
     task: Task
     fields: dict
     duration: float
-
-
-def open_pool(dsn: str, *, connect_timeout: float, name: str, max_size: int = 2,
-              min_size: int = 1, application_name: str | None = None,
-              generic_plans: bool = True, pooled: bool = False) -> ConnectionPool:
-    """The worker's own connections: the loop's claims and final writes, the batch guard.
-
-    ``generic_plans``: the claim is one prepared statement whose plan PostgreSQL would
-    otherwise make afresh on every call (its estimates for a parameter LIMIT make the
-    generic plan look dear), which costs more than running it. Written so that its generic
-    plan is as good (every row reached by primary key or an ordered index scan), it is
-    planned once per connection. Measured here: 690 us of server CPU per claim-and-complete
-    with custom plans, 280 us with the generic one. Handlers get connections of another pool
-    (Worker.handler_connection), without this setting.
-
-    ``pooled``: the DSN goes through a transaction pooler (database.transaction_pooler): no
-    prepared statements, and no session setting, which would leak to the pooler's other
-    clients; every claim is then planned afresh.
-
-    No ``check`` before lending: testing every checkout costs a round trip per task. A
-    connection that died (a database restart) fails its next statement instead; the pool
-    drops it when it comes back broken, the loop logs one loop_error and the next claim gets
-    a fresh connection, and final writes retry on their own.
-    """
-    return ConnectionPool(
-        with_options(dsn, application_name=(application_name or name)[:63],
-                     connect_timeout=max(1, int(connect_timeout))),
-        min_size=min_size, max_size=max_size,
-        kwargs={"autocommit": True, **({"prepare_threshold": None} if pooled else {})},
-        configure=_use_generic_plans if generic_plans and not pooled else None,
-        timeout=connect_timeout, open=False, name=name,
-        # Keep trying through a long outage: a worker has nothing better to do, and giving up
-        # would leave it unable to claim after the database comes back.
-        reconnect_timeout=RECONNECT_FOREVER,
-    )
-
-
-def _use_generic_plans(conn: psycopg.Connection) -> None:
-    conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
 class Worker:
@@ -243,7 +199,7 @@ class Worker:
         self._error_streak += 1
         metrics.LOOP_ERRORS.labels(self.pool_name).inc()
         emit("loop_error", logging.ERROR, worker_id=self.worker_id, pool=self.pool_name,
-             error=_describe(exc), streak=self._error_streak)
+             error=describe(exc), streak=self._error_streak)
         # Back off while the database is away so a hundred workers do not hammer it.
         delay = min(self.config.poll_interval * 2 ** min(self._error_streak, 10),
                     MAX_LOOP_ERROR_BACKOFF)
@@ -272,7 +228,7 @@ class Worker:
                     landed, rows = set(), store.claim_tasks(
                         conn, worker_id=self.worker_id, task_types=self.task_types,
                         lease_seconds=self.config.lease.seconds, limit=self.batch_size)
-        except _DB_ERRORS:
+        except DB_ERRORS:
             # Neither part happened (or, if the answer alone was lost, both did: the
             # completions' retry below finds its own token and counts them as written).
             self._write_completions(done)
@@ -357,7 +313,7 @@ class Worker:
         except Exception as exc:
             # A bug on the way to the final write must not leave the claim renewed forever
             # by a living worker: stop renewing it, and its lease expires into the reaper.
-            emit("settle_failed", logging.ERROR, error=_describe(exc), exc_info=True, **fields)
+            emit("settle_failed", logging.ERROR, error=describe(exc), exc_info=True, **fields)
             with self._batch:
                 self._done = [d for d in self._done if d.claim.token != token]
             self._record(token, Outcome("lost"), task, None)
@@ -365,7 +321,7 @@ class Worker:
     def _run_and_settle(self, claim: store.Claim, task: Task, token: int, fields: dict) -> None:
         if task.undecodable is not None:
             error = PermanentError(f"the payload cannot be read as JSON: "
-                                   f"{_describe(task.undecodable)}")
+                                   f"{describe(task.undecodable)}")
             self._record(token, self._fail(claim, task, error, True, fields), task, 0.0)
             return
         if task.is_cancelled():
@@ -456,7 +412,7 @@ class Worker:
         try:
             with self.pool.connection() as conn, within(conn, STATEMENT_DEADLINE):
                 states = store.claim_states(conn, [c.task_id for c in claims])
-        except _DB_ERRORS:
+        except DB_ERRORS:
             return set()
         return {c.token for c in claims
                 if (row := states.get(c.task_id)) and row["lease_token"] == c.token
@@ -465,8 +421,8 @@ class Worker:
     # -- failures, cancellations, stale results -----------------------------------------------
 
     def _fail(self, claim, task, error, permanent, fields) -> Outcome:
-        message = _describe(error)
-        detail = message if permanent else _with_origin(error, message)
+        message = describe(error)
+        detail = message if permanent else with_origin(error, message)
         # fail_attempt answers None when the claim is not ours; "or False" keeps that apart
         # from _finalize's None, which means the write was given up on.
         result = self._finalize(
@@ -484,12 +440,12 @@ class Worker:
         fields = {**fields, "retry_count": result["retry_count"]}
         if result["status"] == "FAILED":
             metrics.TASKS_FAILED.labels(self.pool_name, task.task_type).inc()
-            emit("task_failed", logging.ERROR, error=_shorten(message), permanent=permanent,
+            emit("task_failed", logging.ERROR, error=shorten(message), permanent=permanent,
                  **fields)
             return Outcome("failed", "FAILED", result["retry_count"])
         delay = None if result["retry_delay"] is None else round(result["retry_delay"], 3)
         metrics.TASKS_RETRIED.labels(self.pool_name, task.task_type).inc()
-        emit("task_retry_scheduled", logging.WARNING, error=_shorten(message), retry_delay=delay,
+        emit("task_retry_scheduled", logging.WARNING, error=shorten(message), retry_delay=delay,
              **fields)
         return Outcome("retried", "PENDING", result["retry_count"], delay)
 
@@ -553,40 +509,9 @@ class Worker:
             self._write_completions(done)
             self._give_back(waiting, reason=f"the handler ahead ran over {self.batch_hold:g} s")
 
-    # -- durable final writes ---------------------------------------------------------------
-
     def _finalize(self, write: Callable, claim: store.Claim, fields: dict):
-        """Run one conditioned final write, retrying through a connection failure.
-
-        Safe to repeat because the write is conditioned on the fencing token. If a commit went
-        through but its answer was lost, the retry changes no row; the token left on the row
-        then tells our own earlier write apart from a real loss of ownership.
-        """
         patience = max(MIN_FINALIZE_PATIENCE, 2 * self.config.lease.seconds)
-        deadline = time.monotonic() + patience
-        delay = 0.1
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                with self.pool.connection() as conn, within(conn, STATEMENT_DEADLINE):
-                    result = write(conn)
-                    if attempt > 1 and not result and not isinstance(result, set):
-                        row = store.task_status(conn, claim.task_id)
-                        if row and row["lease_token"] == claim.token \
-                                and row["status"] not in ("RUNNING", "CANCELLED"):
-                            return AlreadyWritten(row)
-                    return result
-            except _DB_ERRORS as exc:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    emit("final_state_lost", logging.ERROR, error=_describe(exc),
-                         attempts=attempt, **fields)
-                    return None
-                emit("final_write_retry", logging.WARNING, error=_describe(exc),
-                     attempt=attempt, **fields)
-                time.sleep(min(delay, left))
-                delay = min(delay * 2, 5.0)
+        return write_final(self.pool, write, claim, fields, patience=patience)
 
     def _fields(self, task: Task) -> dict:
         return {"task_id": task.id, "worker_id": self.worker_id, "task_type": task.task_type,
@@ -598,47 +523,3 @@ def _count(counter, pool: str, tasks) -> None:
     by_type = collections.Counter(task.task_type for task in tasks)
     for task_type, number in by_type.items():
         counter.labels(pool, task_type).inc(number)
-
-
-class AlreadyWritten:
-    """Our own final write landed on an earlier try whose answer the connection lost."""
-
-    def __init__(self, row: dict):
-        self.row = row
-        self.tokens = {row["lease_token"]}
-
-    def __bool__(self) -> bool:
-        return True
-
-
-def _storable(text: str) -> str:
-    """Text PostgreSQL will take: no NUL, and lone surrogates (a non-UTF-8 file name from
-    os.listdir, say) escaped, so that the failure that carries them is still recorded."""
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-# A handler's exception message is its author's; bound the work done on it.
-MAX_MESSAGE_READ = 100_000
-
-
-def _describe(exc: BaseException) -> str:
-    """``Type: last line of the message``, whatever the exception's __str__ does."""
-    try:
-        text = str(exc)
-    except Exception as broken:  # noqa: BLE001 - a broken __str__ must not lose the failure
-        text = f"(its message could not be read: str() raised {type(broken).__name__})"
-    text = _storable(text[-MAX_MESSAGE_READ:]).strip().splitlines()
-    return f"{type(exc).__name__}: {text[-1]}" if text else type(exc).__name__
-
-
-def _shorten(text: str, limit: int = 1000) -> str:
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
-
-
-def _with_origin(exc: BaseException, message: str) -> str:
-    """The message plus where the handler raised it, for error_message."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return message
-    last = frames[-1]
-    return _storable(f"{message} (at {last.filename}:{last.lineno} in {last.name})")

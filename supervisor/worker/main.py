@@ -23,7 +23,8 @@ from ..db.connect import connect
 from ..errors import EXIT_BOOT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, OperationalError
 from ..logs import emit, setup_logging
 from .leases import SupervisedLeases
-from .loop import Worker, open_pool
+from .loop import Worker
+from .pools import open_pool
 from .registry import load_handlers
 
 

@@ -331,7 +331,8 @@ def test_a_stalled_connection_cannot_hide_a_lost_lease_nor_hang_the_worker(
 
 
 def test_with_the_daemons_pool_a_stalled_connection_does_not_hang_the_worker(conn, db_dsn):
-    from supervisor.worker.loop import STATEMENT_DEADLINE, open_pool
+    from supervisor.worker.loop import STATEMENT_DEADLINE
+    from supervisor.worker.pools import open_pool
 
     with proxy_to(db_dsn) as proxy:
         proxy_dsn = via(db_dsn, proxy)
@@ -363,7 +364,7 @@ def test_with_the_daemons_pool_a_stalled_connection_does_not_hang_the_worker(con
 
 def test_after_a_stalled_renewal_the_next_task_can_still_renew_its_lease(conn, db_dsn):
     from supervisor.worker.leases import LocalLeases
-    from supervisor.worker.loop import open_pool
+    from supervisor.worker.pools import open_pool
 
     with proxy_to(db_dsn) as proxy:
         # Only the renewals go through the proxy: the loop's pool goes straight to PostgreSQL.

@@ -16,7 +16,8 @@ import pytest
 
 from conftest import make_config
 from supervisor.logs import LOGGER_NAME
-from supervisor.worker.loop import Worker, open_pool
+from supervisor.worker.loop import Worker
+from supervisor.worker.pools import open_pool
 from supervisor.worker.registry import load_handlers
 
 

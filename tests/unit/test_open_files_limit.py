@@ -6,8 +6,8 @@ import resource
 
 import pytest
 
-from supervisor import arbiter
-from supervisor.arbiter import MAX_OPEN_FILES, raise_open_files_limit
+from supervisor import limits as limits_module
+from supervisor.limits import MAX_OPEN_FILES, raise_open_files_limit
 
 INF = resource.RLIM_INFINITY
 
@@ -24,8 +24,8 @@ def limits(monkeypatch):
         Fake.now = value
 
     Fake.set = []
-    monkeypatch.setattr(arbiter.resource, "getrlimit", lambda which: Fake.now)
-    monkeypatch.setattr(arbiter.resource, "setrlimit", setrlimit)
+    monkeypatch.setattr(limits_module.resource, "getrlimit", lambda which: Fake.now)
+    monkeypatch.setattr(limits_module.resource, "setrlimit", setrlimit)
     return Fake
 
 

@@ -1,0 +1,193 @@
+"""The supervisor's start-up and its background services.
+
+Everything the supervisor does with the database runs here, on threads of its own: the
+lease keeper, the reaper, the health check, retention, the wake-up listener; plus the
+metrics archive and the HTTP endpoint. The arbiter's main loop only hands them work and reads
+what they report, so it never waits on the database. ``wait_for_database`` runs once,
+before the loop and before any child exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Callable, Sequence
+
+import psycopg
+
+from .config import Config
+from .db.connect import LazyConnection
+from .db.migrate import migrate
+from .errors import MigrationError, OperationalError
+from .logs import emit
+
+# Database start-up: how long the supervisor waits for PostgreSQL before giving up.
+STARTUP_DB_PATIENCE = 60.0
+
+
+def prepare_metrics_dir() -> str:
+    """A fresh multiprocess directory, named in the environment before prometheus_client is
+    first imported: the library chooses its storage at import time."""
+    runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    if runtime:
+        metrics_dir = os.path.join(runtime, "metrics")
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        os.makedirs(metrics_dir, mode=0o700)
+    else:
+        metrics_dir = tempfile.mkdtemp(prefix="pgtaskd-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    if "prometheus_client" in sys.modules:
+        emit("metrics_degraded", logging.WARNING,
+             reason="prometheus_client was imported before the multiprocess directory was set")
+    return metrics_dir
+
+
+def cleanup_metrics_dir(metrics_dir: str | None) -> None:
+    if metrics_dir:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def wait_for_database(config: Config, dsn: str, *, migrate_on_start: bool, demo: bool,
+                      stop_asked: Callable[[], bool]) -> bool:
+    """Reach PostgreSQL and migrate, retrying for a while: the database may be starting
+    alongside us (same boot, same systemd transaction). False if told to stop first."""
+    deadline = time.monotonic() + STARTUP_DB_PATIENCE
+    delay = 0.5
+    db = LazyConnection(dsn, connect_timeout=config.database.connect_timeout,
+                        application_name="pgtaskd supervisor",
+                        pooled=config.database.transaction_pooler)
+    try:
+        while True:
+            try:
+                conn = db.get()
+                if migrate_on_start:
+                    for migration in migrate(conn):
+                        emit("migration_applied", version=migration.version,
+                             name=migration.name)
+                if demo:
+                    from .demo import submit_demo_tasks
+                    submit_demo_tasks(conn)
+                return True
+            except MigrationError:
+                raise
+            except (OperationalError, psycopg.OperationalError) as exc:
+                db.close()
+                if stop_asked():
+                    return False
+                if time.monotonic() >= deadline:
+                    raise OperationalError(str(exc)) from None
+                emit("database_waiting", logging.WARNING,
+                     error=str(exc).strip().splitlines()[-1])
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+    finally:
+        db.close()
+
+
+class Services:
+    """The supervisor's threads, started and stopped together."""
+
+    def __init__(self, config: Config, dsn: str, metrics_dir: str, *,
+                 children: Callable[[], Sequence], children_status: Callable):
+        self.config = config
+        self.dsn = dsn
+        self.metrics_dir = metrics_dir
+        self.children = children
+        self.children_status = children_status
+        self.keeper = None
+        self.relay = None
+        self.retention = None
+        self.health = None
+        self.metrics_archive = None
+        self.http = None
+        self._threads: list = []
+
+    def start(self) -> None:
+        # Imported here: prometheus_client (through leases and the maintenance services) must
+        # not be imported before prepare_metrics_dir() named its directory.
+        from .leases import LeaseKeeper
+        from .maintenance.health import HealthChecker
+        from .maintenance.metrics_archive import MetricsArchive
+        from .maintenance.reaper import LeaseReaper
+        from .maintenance.retention import RetentionService
+        from .wakeups import WakeRelay
+
+        config, dsn = self.config, self.dsn
+        timeout = config.database.connect_timeout
+        pooled = config.database.transaction_pooler
+        self.keeper = LeaseKeeper(dsn, lease_seconds=config.lease.seconds,
+                                  renew_interval=config.lease.renew_interval,
+                                  retry=config.retry, connect_timeout=timeout, pooled=pooled)
+        reaper = LeaseReaper(dsn, interval=config.reaper.interval,
+                             batch_size=config.reaper.batch_size, retry=config.retry,
+                             connect_timeout=timeout, on_reaped=count_reaped, pooled=pooled)
+        self.health = HealthChecker(dsn, interval=config.health.interval,
+                                    max_pending_age=config.health.max_pending_age,
+                                    lease_grace=max(3 * config.reaper.interval, 10.0),
+                                    children=self.children_status,
+                                    connect_timeout=timeout, pooled=pooled)
+        self.retention = RetentionService(dsn, policy=config.retention, connect_timeout=timeout,
+                                          on_deleted=count_deleted, pooled=pooled)
+        self._threads = [self.keeper, reaper, self.health, self.retention]
+        listen_dsn = config.database.listen_dsn or (None if pooled else dsn)
+        if config.database.listen and listen_dsn:
+            self.relay = WakeRelay(listen_dsn, children=self.children, connect_timeout=timeout)
+            self._threads.append(self.relay)
+        elif config.database.listen:
+            emit("wakeups_unavailable", logging.WARNING, fallback="polling",
+                 error="LISTEN needs a session connection, which a transaction pooler does "
+                       "not give: set database.listen_dsn to PostgreSQL itself")
+        for thread in self._threads:
+            thread.start()
+        self.metrics_archive = MetricsArchive(
+            self.metrics_dir, live_pids=lambda: [c.pid for c in self.children()])
+        self.metrics_archive.start()
+        self.start_http()
+
+    def start_http(self) -> None:
+        address = self.config.metrics.address
+        if not address:
+            return
+        from .maintenance.http import MetricsServer
+        try:
+            self.http = MetricsServer(address, self.health, self.metrics_archive,
+                                      max_connections=self.config.metrics.max_connections,
+                                      request_timeout=self.config.metrics.request_timeout)
+        except OSError as exc:
+            raise OperationalError(f"metrics.listen {self.config.metrics.listen}: cannot "
+                                   f"listen: {exc.strerror}") from None
+        self.http.start()
+
+    def apply(self, config: Config) -> None:
+        """What a reload may change while the services run."""
+        self.keeper.lease_seconds = config.lease.seconds
+        self.keeper.renew_interval = config.lease.renew_interval
+        self.keeper.retry = config.retry
+        self.retention.policy = config.retention
+        self.retention.interval = config.retention.interval
+
+    def stop(self) -> None:
+        if self.http:
+            self.http.stop()
+        if self.metrics_archive:
+            self.metrics_archive.stop()
+        for thread in self._threads:
+            thread.stop()
+
+
+def count_reaped(row: dict) -> None:
+    from . import metrics
+
+    metrics.LEASES_REAPED.labels(row["task_type"], row["status"]).inc()
+    counter = metrics.TASKS_FAILED if row["status"] == "FAILED" else metrics.TASKS_RETRIED
+    counter.labels("reaper", row["task_type"]).inc()
+
+
+def count_deleted(status: str, count: int) -> None:
+    from . import metrics
+
+    metrics.TASKS_DELETED.labels(status).inc(count)
