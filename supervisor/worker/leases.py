@@ -68,6 +68,7 @@ class SupervisedLeases:
         self.worker = worker
         self.pool_name = pool_name
         self._settled: list[int] = []
+        self._settled_lock = threading.Lock()  # the loop and its claim ahead both report
         self._read_lock = threading.Lock()
         # The inbox thread reads only while the worker is busy: an idle worker waits on the
         # link itself, so a wake-up reaches it without a hop through another thread.
@@ -90,15 +91,19 @@ class SupervisedLeases:
 
     def hold(self, tasks: Sequence[Task], tokens: Sequence[int]) -> bool:
         claims = [[task.id, token, task.task_type] for task, token in zip(tasks, tokens)]
-        settled, self._settled = self._settled, []
-        return self.link.send("claimed", claims=claims, done=settled)
+        return self.link.send("claimed", claims=claims, done=self._take_settled())
 
     def drop(self, tokens: Sequence[int]) -> None:
-        self._settled.extend(tokens)
+        with self._settled_lock:
+            self._settled.extend(tokens)
 
     def idle(self, since: float) -> None:
-        settled, self._settled = self._settled, []
-        self.link.send("idle", since=since, done=settled)
+        self.link.send("idle", since=since, done=self._take_settled())
+
+    def _take_settled(self) -> list[int]:
+        with self._settled_lock:
+            settled, self._settled = self._settled, []
+        return settled
 
     def wait(self, timeout: float, woken: threading.Event) -> None:
         fd = self.link.fileno()
@@ -127,7 +132,7 @@ class SupervisedLeases:
         _poke(self._interrupt_w)
 
     def _send_settled(self) -> None:
-        settled, self._settled = self._settled, []
+        settled = self._take_settled()
         if settled:
             self.link.send("done", tokens=settled)
 
