@@ -23,9 +23,10 @@
 --   the lease index, which holds only RUNNING rows). Taking one over counts the lost run as a
 --   failed attempt; with its retries spent it is left to the reaper to mark FAILED. Never a
 --   task that done completes in this very statement.
--- chosen: both in the seed's order: priority DESC, scheduled_time, created_at.
--- Rows are always reached by primary key (id = ANY(ARRAY(...))): the plan is prepared once
--- per connection, and a generic plan that joins instead may read the whole table.
+-- chosen: both in the seed's order: priority DESC, scheduled_time, created_at, from the
+--   values the two paths read already.
+-- The claimed rows are reached by primary key (id = ANY(ARRAY(...))): the plan is prepared
+-- once per connection, and a generic plan that joins instead may read the whole table.
 -- Rows come back with completed = true (one per landed token) or false (a claimed task, its
 -- payload as text and infinite timestamps as NULL, so that whatever a client stored the
 -- worker decodes it itself and can fail the task cleanly; position is the order to run in).
@@ -66,7 +67,7 @@ levels(priority) AS (
     WHERE levels.priority IS NOT NULL
 ),
 pending AS (
-    SELECT due.id
+    SELECT due.id, levels.priority, due.scheduled_time, due.created_at
     FROM levels
     CROSS JOIN LATERAL (
         SELECT level_rows.id, level_rows.scheduled_time, level_rows.created_at
@@ -84,7 +85,7 @@ pending AS (
     LIMIT %(limit)s
 ),
 expired AS (
-    SELECT t.id FROM tasks AS t
+    SELECT t.id, t.priority, t.scheduled_time, t.created_at FROM tasks AS t
     WHERE t.status = 'RUNNING'
       AND t.lease_until <= now()
       AND t.task_type = ANY(%(task_types)s::text[])
@@ -95,9 +96,9 @@ expired AS (
     FOR UPDATE SKIP LOCKED
 ),
 chosen AS (
-    SELECT t.id FROM tasks AS t
-    WHERE t.id = ANY(ARRAY(SELECT id FROM pending UNION ALL SELECT id FROM expired))
-    ORDER BY t.priority DESC, t.scheduled_time, t.created_at
+    SELECT both_paths.id
+    FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) AS both_paths
+    ORDER BY both_paths.priority DESC, both_paths.scheduled_time, both_paths.created_at
     LIMIT %(limit)s
 ),
 claimed AS (
