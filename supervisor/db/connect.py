@@ -111,6 +111,8 @@ class LazyConnection:
                 # than hold up renewals or the reaper.
                 conn.execute(f"SET lock_timeout = {int(SUPERVISOR_LOCK_TIMEOUT * 1000)}")
                 conn.execute(f"SET statement_timeout = {int(SUPERVISOR_STATEMENT_TIMEOUT * 1000)}")
+                # Short statements with rough estimates: JIT compilation only adds time.
+                conn.execute("SET jit = off")
             except psycopg.Error as exc:
                 conn.close()
                 raise connection_failure(self.dsn, exc) from None

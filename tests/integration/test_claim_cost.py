@@ -154,3 +154,27 @@ def test_a_task_due_since_minus_infinity_does_not_break_the_health_check(conn):
     health = store.queue_health(conn, max_pending_age=300, lease_grace=15)
     assert health["due_pending"] == 2 and health["old_pending"] == 1
     assert health["oldest_pending_age"] is not None
+
+
+def test_the_workers_connections_plan_the_claim_once_and_never_compile_it(db_dsn):
+    """The claim is prepared with a generic plan, whose estimates on a table of millions of
+    rows pass jit_above_cost: with JIT on, compiling it took 21 ms a call (5,000,000 finished
+    rows, PostgreSQL 15) where running it took 0.5 ms."""
+    from supervisor.worker.pools import open_pool
+
+    pool = open_pool(db_dsn, connect_timeout=5, name="pgtaskd test#1")
+    pool.open(wait=True, timeout=10)
+    try:
+        with pool.connection() as conn:
+            assert conn.execute("SHOW jit").fetchone()[0] == "off"
+            assert conn.execute("SHOW plan_cache_mode").fetchone()[0] == "force_generic_plan"
+    finally:
+        pool.close()
+    handlers = open_pool(db_dsn, connect_timeout=5, name="handlers", generic_plans=False)
+    handlers.open(wait=True, timeout=10)
+    try:
+        with handlers.connection() as conn:
+            assert conn.execute("SHOW plan_cache_mode").fetchone()[0] == "auto", \
+                "a handler's own queries keep PostgreSQL's defaults"
+    finally:
+        handlers.close()
