@@ -28,7 +28,8 @@ import os
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import psycopg
 
@@ -112,6 +113,18 @@ class NewTask:
     max_retries: int
 
 
+def _as_json(tasks: list[NewTask]) -> str:
+    """The tasks as one JSON array for submit_tasks; each payload is already JSON text and
+    goes in as it is."""
+    dumps = json.dumps
+    return "[" + ",".join(
+        f'{{"id":{dumps(t.id)},"name":{dumps(t.name)},"task_type":{dumps(t.task_type)},'
+        f'"payload":{t.payload_json},"priority":{t.priority},'
+        f'"run_at":{dumps(t.run_at.isoformat()) if t.run_at is not None else "null"},'
+        f'"delay_seconds":{dumps(t.delay_seconds)},"max_retries":{t.max_retries}}}'
+        for t in tasks) + "]"
+
+
 def prepare_task(task_type: str, payload: Mapping[str, Any] | None = None, *,
                  priority: int = 0, run_at: datetime | None = None,
                  delay: float | timedelta | None = None, task_id: str | None = None,
@@ -139,6 +152,10 @@ def prepare_task(task_type: str, payload: Mapping[str, Any] | None = None, *,
     )
 
 
+# Built once: json.dumps with options builds a new encoder on every call.
+_PAYLOAD_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def serialize_payload(payload: Mapping[str, Any] | None, max_bytes: int) -> str:
     """Compact JSON text of a payload that PostgreSQL's jsonb will accept, within max_bytes."""
     if payload is None:
@@ -146,8 +163,7 @@ def serialize_payload(payload: Mapping[str, Any] | None, max_bytes: int) -> str:
     if not isinstance(payload, Mapping):
         raise UsageError(f"payload: must be a JSON object (a dict), got {_kind(payload)}")
     try:
-        text = json.dumps(dict(payload), ensure_ascii=False, separators=(",", ":"),
-                          allow_nan=False)
+        text = _PAYLOAD_ENCODER.encode(dict(payload))
     except RecursionError:
         raise UsageError("payload: nested too deeply") from None
     except (TypeError, ValueError) as exc:
@@ -388,13 +404,7 @@ class Client:
 
     def _insert(self, tasks: list[NewTask]) -> list[SubmittedId]:
         with self._database() as conn:
-            created = store.submit_tasks(
-                conn, ids=[t.id for t in tasks], names=[t.name for t in tasks],
-                task_types=[t.task_type for t in tasks],
-                payloads=[t.payload_json for t in tasks],
-                priorities=[t.priority for t in tasks], run_ats=[t.run_at for t in tasks],
-                delays=[t.delay_seconds for t in tasks],
-                max_retries=[t.max_retries for t in tasks])
+            created = store.submit_tasks(conn, _as_json(tasks))
         ids, seen = [], set()
         for task in tasks:
             ids.append(SubmittedId(task.id, task.id in created and task.id not in seen))

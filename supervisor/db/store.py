@@ -268,19 +268,13 @@ def live_counts(conn) -> tuple[dict[str, int], bool]:
     return counts, True
 
 
-def submit_tasks(conn, *, ids: list[str], names: list[str], task_types: list[str],
-                 payloads: list[str], priorities: list[int], run_ats: list, delays: list,
-                 max_retries: list[int]) -> set[str]:
-    """Insert PENDING tasks from parallel column lists (payloads as JSON text).
+def submit_tasks(conn, tasks_json: str) -> set[str]:
+    """Insert PENDING tasks from a JSON array of objects with ``id, name, task_type,
+    payload, priority, run_at, delay_seconds, max_retries``.
 
     Returns the ids this call created; an id missing from the result existed already.
     """
-    rows = _all(conn, "submit_tasks", {
-        "ids": ids, "names": names, "task_types": task_types, "payloads": payloads,
-        "priorities": priorities, "run_ats": run_ats, "delays": delays,
-        "max_retries": max_retries,
-    })
-    return {row["id"] for row in rows}
+    return {row["id"] for row in _all(conn, "submit_tasks", {"tasks": tasks_json})}
 
 
 def retry_task(conn, task_id: str) -> bool:
