@@ -29,6 +29,7 @@ from .db.session import database_dsn
 from .errors import EXIT_FAILURE, EXIT_OK, ConfigError, OperationalError
 from .limits import raise_open_files_limit, restore_open_files_limit
 from .logs import emit
+from .run_limits import RunLimits
 from .services import Services, cleanup_metrics_dir, prepare_metrics_dir, wait_for_database
 
 # A child that does not say "booted" within this long is killed and counts as a boot failure.
@@ -72,6 +73,9 @@ class Arbiter:
         self.metrics_dir: str | None = None
         self.child_open_files: tuple[int, int] | None = None
         self.services = None
+        self.run_limits = RunLimits(
+            lambda child, task_type: self.generation_config(child.generation)
+            .handlers.policy(task_type))
         self._last_watchdog = 0.0
         self._last_status = ""
         self.started_at = time.monotonic()
@@ -97,7 +101,8 @@ class Arbiter:
                     return EXIT_OK
                 self.services = Services(self.config, dsn, self.metrics_dir,
                                          children=lambda: self.children_view,
-                                         children_status=lambda: self.children_snapshot)
+                                         children_status=lambda: self.children_snapshot,
+                                         on_cancelled=self.on_cancelled)
                 self.services.start()
                 try:
                     self.loop()
@@ -125,6 +130,7 @@ class Arbiter:
             self.wait_for_events()
             self.dispatch_signals()
             self.reap_children()
+            self.run_limits.enforce(list(self.children.values()), self.kill_child)
             if self.stopping:
                 if self.advance_stop():
                     return
@@ -140,6 +146,9 @@ class Arbiter:
         now = time.monotonic()
         due = [now + LOOP_TICK] + self.restarts.next_starts(now)
         due += [c.kill_at for c in self.children.values() if c.kill_at and not c.killed_by_us]
+        run_deadline = self.run_limits.next_deadline(self.children.values())
+        if run_deadline is not None:
+            due.append(run_deadline)
         return max(0.0, min(due) - now)
 
     def wait_for_events(self) -> None:
@@ -179,6 +188,12 @@ class Arbiter:
         self.on_settled(child, message.get("done") or message.get("tokens") or ())
         if kind == "claimed":
             self.on_claimed(child, message["claims"])
+        elif kind == "started":
+            self.run_limits.started(child, message)
+        elif kind == "stopping":
+            if message.get("reason") == "recycle" and not child.stopping:
+                # An expected exit: replaced at once, with no restart backoff.
+                child.stopping = "recycle"
         elif kind == "idle":
             child.idle_since = float(message["since"])
             if self.services.relay is not None:
@@ -193,11 +208,17 @@ class Arbiter:
         elif kind == "waiting_db":
             child.waiting_db = True
 
+    def on_cancelled(self, task_id: str) -> None:
+        """A running task was cancelled (called from the listener or the lease keeper)."""
+        self.run_limits.cancelled(task_id)
+        self.wake()
+
     def on_settled(self, child: Child, tokens) -> None:
         if not tokens:
             return
         tokens = [int(t) for t in tokens]
         self.keeper.drop(tokens)
+        self.run_limits.settled(child, tokens)
         for token in tokens:
             child.claims.pop(token, None)
 
@@ -380,6 +401,9 @@ class Arbiter:
         lived = time.monotonic() - child.started
         how = describe_exit(code, sent_by_us=child.killed_by_us)
         expected = child.stopping is not None and code == 0
+        # Whatever its handlers started and left behind must not outlive it, whether or not
+        # it held a task.
+        kill_group(child)
         emit("worker_exited", logging.INFO if expected else logging.ERROR, pool=child.pool,
              slot=child.slot, child_pid=child.pid, exit=how, lived_seconds=round(lived, 3),
              booted=child.booted, stopping=child.stopping,
@@ -398,23 +422,30 @@ class Arbiter:
         self.restarts.child_exited(child, how, lived)
 
     def settle_claims(self, child: Child, how: str) -> None:
-        """The claims a dead child held, handed to the lease keeper's thread: released
-        without spending a retry if a shutdown stopped it, else counted as a failed attempt
-        at once (no waiting for the lease to expire)."""
+        """The claims a dead child held, handed to the lease keeper's thread. A run counts as
+        a failed attempt at once (no waiting for the lease to expire), unless a shutdown
+        stopped it: then it is released without spending a retry. Claims the child never
+        started (a batch's waiting tasks, when it reported which one ran) are released."""
         held = self.keeper.drop_holder(child)
         if not held:
             return
-        # Whatever the handler started must be gone before the task can run again.
-        kill_group(child)
+        worker = child.worker_id or child.label
         if child.stopping in ("shutdown", "reload aborted") and child.killed_by_us:
             self.keeper.settle("release", held, "release")
+            return
+        if child.stopping == "timeout":
+            reason = f"worker {worker} killed: its task {child.timeout_reason}"
         elif child.stopping in ("reload", "shrink") and child.killed_by_us:
-            self.keeper.settle("rescue", held, f"worker {child.worker_id or child.label} killed: "
-                               f"its task outlasted reload_timeout "
-                               f"({self.config.reload_timeout:g} s) during a {child.stopping}")
+            reason = (f"worker {worker} killed: its task outlasted reload_timeout "
+                      f"({self.config.reload_timeout:g} s) during a {child.stopping}")
         else:
-            self.keeper.settle("rescue", held, f"worker {child.worker_id or child.label} died "
-                                               f"({how}) while running the task")
+            reason = f"worker {worker} died ({how}) while running the task"
+        running = child.running.token if child.running is not None else None
+        if running is None:
+            self.keeper.settle("rescue", held, reason)
+            return
+        self.keeper.settle("rescue", [h for h in held if h.token == running], reason)
+        self.keeper.settle("release", [h for h in held if h.token != running], "release")
 
     # -- reload -----------------------------------------------------------------------------
 

@@ -62,6 +62,9 @@ class Child:
     # Monotonic time of the claim that found nothing, while the child waits for work; None
     # while it works (or was just woken).
     idle_since: float | None = None
+    # The run it reported starting, for a type with a timeout or cancel: kill (run_limits).
+    running: object | None = None
+    timeout_reason: str | None = None
 
     @property
     def pid(self) -> int:

@@ -42,6 +42,7 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_DATA_DIR = "var/pgdata"
 DEFAULT_HANDLERS_PATH = "handlers"
 MAX_BATCH_SIZE = 1000
+CANCEL_MODES = ("cooperative", "kill")
 DEFAULT_RETENTION_COMPLETED = 7 * 86400.0
 DEFAULT_RETENTION_FAILED = 30 * 86400.0
 DEFAULT_RETENTION_CANCELLED = 30 * 86400.0
@@ -104,11 +105,35 @@ class RetryConfig:
 
 
 @dataclass(frozen=True)
+class RunPolicy:
+    """How the supervisor may stop a run of one task type."""
+    timeout: float | None = None
+    """Seconds a run may take; past them the supervisor stops it and the run counts as a
+    failed attempt ("timed out after N s"). None: no limit."""
+    cancel: str = "cooperative"
+    """``cooperative``: a cancelled running task's handler learns it from is_cancelled();
+    ``kill``: the supervisor also kills the child running it (and what it started)."""
+
+    @property
+    def watched(self) -> bool:
+        """The supervisor needs to know when each run of this type starts."""
+        return self.timeout is not None or self.cancel == "kill"
+
+
+DEFAULT_POLICY = RunPolicy()
+
+
+@dataclass(frozen=True)
 class HandlersConfig:
     path: Path
     """Folder that worker children put on their import path."""
     types: Mapping[str, str]
     """Task type -> ``module:function`` resolved from ``path``."""
+    policies: Mapping[str, RunPolicy] = field(default_factory=dict)
+    """Task type -> its RunPolicy, for the types that set ``timeout`` or ``cancel``."""
+
+    def policy(self, task_type: str) -> RunPolicy:
+        return self.policies.get(task_type, DEFAULT_POLICY)
 
 
 @dataclass(frozen=True)
@@ -121,6 +146,11 @@ class PoolConfig:
     batch_size: int = 1
     """How many due tasks a child claims in one statement and runs in order (1: the seed's
     one at a time)."""
+    max_tasks_per_child: int | None = None
+    """A child exits after about this many tasks (each child draws its own number within
+    10% of it, so they do not all recycle at once) and is replaced; None: never."""
+    max_memory_mb: float | None = None
+    """A child whose resident memory is above this after a task exits and is replaced."""
 
 
 @dataclass(frozen=True)
@@ -238,14 +268,14 @@ class _Validator:
 
     def number(self, tree: Mapping, key: str, path: str, default: float, *,
                minimum: float = 0.0, strict: bool = True,
-               maximum: float = MAX_SECONDS, hint: str = "") -> float:
+               maximum: float = MAX_SECONDS, hint: str = "", unit: str = "seconds") -> float:
         """``hint``, if given, ends every problem line about this key."""
         if key not in tree or tree[key] is None:
             return default
         value = tree[key]
         full = f"{path}.{key}" if path else key
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.problem(full, f"must be a number of seconds{hint}, got {_type_name(value)} "
+            self.problem(full, f"must be a number of {unit}{hint}, got {_type_name(value)} "
                                f"{quote(value)}")
             return default
         # An integer is finite, and may be too large for math.isfinite() to convert.
@@ -463,6 +493,7 @@ def _parse_handlers(v: _Validator, tree: Mapping) -> HandlersConfig:
     section = v.section(tree, "handlers", "", {"path", "types"})
     types_tree = section.get("types") or {}
     types: dict[str, str] = {}
+    policies: dict[str, RunPolicy] = {}
     if not isinstance(types_tree, dict):
         v.problem("handlers.types", f"must be a mapping of task type to module:function, "
                                     f"got {_type_name(types_tree)}")
@@ -471,13 +502,30 @@ def _parse_handlers(v: _Validator, tree: Mapping) -> HandlersConfig:
             where = f"handlers.types.{_key(task_type)}"
             if not isinstance(task_type, str) or not task_type:
                 v.problem(where, "a task type must be a non-empty string")
-            elif not isinstance(spec, str) or not _HANDLER_SPEC.match(spec):
-                v.problem(where, f"must be 'module:function' (like 'echo:handle'), "
-                                 f"got {quote(spec)}")
+                continue
+            if isinstance(spec, dict):
+                spec, policy = _parse_handler_mapping(v, spec, where)
+                if policy != DEFAULT_POLICY:
+                    policies[task_type] = policy
+            if not isinstance(spec, str) or not _HANDLER_SPEC.match(spec):
+                v.problem(where, f"must be 'module:function' (like 'echo:handle'), or a mapping "
+                                 f"with handler, timeout and cancel, got {quote(spec)}")
             else:
                 types[task_type] = spec
     return HandlersConfig(path=v.directory(section, "path", "handlers", DEFAULT_HANDLERS_PATH),
-                          types=types)
+                          types=types, policies=policies)
+
+
+def _parse_handler_mapping(v: _Validator, spec: dict, where: str) -> tuple[Any, RunPolicy]:
+    """``{handler: module:function, timeout: seconds, cancel: cooperative | kill}``."""
+    v.unknown(spec, where, {"handler", "timeout", "cancel"})
+    cancel = v.string(spec, "cancel", where, "cooperative")
+    if cancel not in CANCEL_MODES:
+        v.problem(f"{where}.cancel", f"must be one of {', '.join(CANCEL_MODES)}, "
+                                     f"got {quote(cancel)}")
+        cancel = "cooperative"
+    policy = RunPolicy(timeout=v.number(spec, "timeout", where, None), cancel=cancel)
+    return spec.get("handler"), policy
 
 
 def _parse_pools(v: _Validator, tree: Mapping, handlers: HandlersConfig) -> tuple[PoolConfig, ...]:
@@ -497,9 +545,14 @@ def _parse_pools(v: _Validator, tree: Mapping, handlers: HandlersConfig) -> tupl
         if not isinstance(settings, dict):
             v.problem(where, f"must be a mapping, got {_type_name(settings)}")
             continue
-        v.unknown(settings, where, {"processes", "task_types", "batch_size"})
+        v.unknown(settings, where, {"processes", "task_types", "batch_size",
+                                    "max_tasks_per_child", "max_memory_mb"})
         processes = v.integer(settings, "processes", where, 1, minimum=0,
                               maximum=MAX_PROCESSES)
+        max_tasks = v.integer(settings, "max_tasks_per_child", where, None, minimum=1,
+                              maximum=1_000_000_000)
+        max_memory = v.number(settings, "max_memory_mb", where, None, maximum=1024 * 1024,
+                              unit="megabytes")
         batch_size = v.integer(settings, "batch_size", where, 1, minimum=1,
                                maximum=MAX_BATCH_SIZE)
         task_types = settings.get("task_types")
@@ -514,7 +567,8 @@ def _parse_pools(v: _Validator, tree: Mapping, handlers: HandlersConfig) -> tupl
                     v.problem(f"{where}.task_types",
                               f"{quote(t)} has no handler under handlers.types")
             chosen = tuple(dict.fromkeys(task_types))
-        pools.append(PoolConfig(name, processes, chosen, batch_size))
+        pools.append(PoolConfig(name, processes, chosen, batch_size,
+                                max_tasks_per_child=max_tasks, max_memory_mb=max_memory))
     return tuple(pools)
 
 

@@ -22,6 +22,10 @@ class TaskCancelled(Exception):
     """
 
 
+class TaskTimedOut(TaskCancelled):
+    """The supervisor stopped a run past its task type's ``timeout``: a failed attempt."""
+
+
 class ConfigError(Exception):
     """A config problem; ``problems`` holds one line per problem, each naming its key path."""
 

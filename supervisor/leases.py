@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import psycopg
 
@@ -81,7 +81,8 @@ class Settlement:
 class LeaseKeeper(threading.Thread):
     def __init__(self, dsn: str, *, lease_seconds: float, renew_interval: float,
                  retry: RetryConfig, connect_timeout: float = 5.0,
-                 application_name: str = "pgtaskd leases", pooled: bool = False):
+                 application_name: str = "pgtaskd leases", pooled: bool = False,
+                 on_cancelled: Callable[[str], None] = lambda task_id: None):
         super().__init__(name="leases", daemon=True)
         self.lease_seconds = lease_seconds
         self.renew_interval = renew_interval
@@ -95,6 +96,7 @@ class LeaseKeeper(threading.Thread):
         self._settle_failures = 0
         self._renew_failing = False
         self._stopping = False
+        self.on_cancelled = on_cancelled
 
     # -- called from other threads (never blocks on the database) ----------------------------
 
@@ -239,6 +241,7 @@ class LeaseKeeper(threading.Thread):
         if status == "CANCELLED":
             reason = "cancelled"
             emit("task_cancelled", while_running=True, **fields)
+            self.on_cancelled(held.task_id)
         else:
             reason = f"lease lost (task is now {status})"
             emit("lease_lost", logging.WARNING, status=status, **fields)

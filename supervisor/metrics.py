@@ -30,12 +30,28 @@ TASK_DURATION = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
 )
 
+TASK_CPU = Histogram(
+    "pgtaskd_task_cpu_seconds", "CPU time of each run (the worker and the subprocesses it "
+    "waited for)", _TASK,
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800))
+TASK_PEAK_RSS = Histogram(
+    "pgtaskd_task_peak_rss_bytes", "Peak resident memory of the worker during each run", _TASK,
+    buckets=tuple(mib * 1024 * 1024 for mib in (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)))
+WORKERS_RECYCLED = Counter("pgtaskd_workers_recycled",
+                           "Children that exited to be replaced (max_tasks_per_child, "
+                           "max_memory_mb)", ("pool", "reason"))
+
 # Recorded by the supervisor itself.
 WORKER_RESTARTS = Counter("pgtaskd_worker_restarts", "Worker children started again after an exit",
                           ("pool",))
 TASKS_RESCUED = Counter("pgtaskd_tasks_rescued",
                         "Claims of dead children settled at once by the supervisor",
                         ("pool", "task_type"))
+TASKS_TIMED_OUT = Counter("pgtaskd_tasks_timed_out",
+                          "Runs the supervisor stopped past their type's timeout", _TASK)
+CANCEL_KILLS = Counter("pgtaskd_cancel_kills",
+                       "Children killed because the task they ran was cancelled (cancel: kill)",
+                       _TASK)
 LEASES_REAPED = Counter("pgtaskd_leases_reaped", "Expired leases returned to PENDING or FAILED",
                         ("task_type", "status"))
 TASKS_DELETED = Counter("pgtaskd_tasks_deleted", "Finished tasks deleted by retention",

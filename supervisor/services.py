@@ -92,12 +92,14 @@ class Services:
     """The supervisor's threads, started and stopped together."""
 
     def __init__(self, config: Config, dsn: str, metrics_dir: str, *,
-                 children: Callable[[], Sequence], children_status: Callable):
+                 children: Callable[[], Sequence], children_status: Callable,
+                 on_cancelled: Callable[[str], None] = lambda task_id: None):
         self.config = config
         self.dsn = dsn
         self.metrics_dir = metrics_dir
         self.children = children
         self.children_status = children_status
+        self.on_cancelled = on_cancelled
         self.keeper = None
         self.relay = None
         self.retention = None
@@ -121,7 +123,8 @@ class Services:
         pooled = config.database.transaction_pooler
         self.keeper = LeaseKeeper(dsn, lease_seconds=config.lease.seconds,
                                   renew_interval=config.lease.renew_interval,
-                                  retry=config.retry, connect_timeout=timeout, pooled=pooled)
+                                  retry=config.retry, connect_timeout=timeout, pooled=pooled,
+                                  on_cancelled=self.on_cancelled)
         reaper = LeaseReaper(dsn, interval=config.reaper.interval,
                              batch_size=config.reaper.batch_size, retry=config.retry,
                              connect_timeout=timeout, on_reaped=count_reaped, pooled=pooled)
@@ -135,7 +138,8 @@ class Services:
         self._threads = [self.keeper, reaper, self.health, self.retention]
         listen_dsn = config.database.listen_dsn or (None if pooled else dsn)
         if config.database.listen and listen_dsn:
-            self.relay = WakeRelay(listen_dsn, children=self.children, connect_timeout=timeout)
+            self.relay = WakeRelay(listen_dsn, children=self.children, connect_timeout=timeout,
+                                   on_cancelled=self.on_cancelled)
             self._threads.append(self.relay)
         elif config.database.listen:
             emit("wakeups_unavailable", logging.WARNING, fallback="polling",

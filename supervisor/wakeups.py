@@ -44,11 +44,13 @@ MAX_RECONNECT_DELAY = 30.0
 
 class WakeRelay(threading.Thread):
     def __init__(self, dsn: str, *, children: Callable[[], Sequence[Child]],
-                 connect_timeout: float = 5.0):
+                 connect_timeout: float = 5.0,
+                 on_cancelled: Callable[[str], None] = lambda task_id: None):
         super().__init__(name="wakeups", daemon=True)
         self.dsn = dsn
         self.children = children
         self.connect_timeout = connect_timeout
+        self.on_cancelled = on_cancelled
         self.last_notice = 0.0  # monotonic time of the latest notification received
         self.listening = False
         self.schema: str | None = None
@@ -123,6 +125,9 @@ class WakeRelay(threading.Thread):
             notice = json.loads(payload)
             if notice.get("schema", self.schema) != self.schema:
                 return  # another pgtaskd's table in this database
+            if "cancelled" in notice:
+                self.on_cancelled(str(notice["cancelled"]))
+                return
             types = notice.get("types")
             types = tuple(str(t) for t in types) if isinstance(types, list) else None
             due = int(notice.get("due") or 0)

@@ -12,7 +12,7 @@
 -- completions it is the claim alone; with no types and a limit of 0, the completions alone.
 --
 -- done: each completion conditioned on its owner and its own fencing token (found by primary
---   key, matched to its token by its place in the arrays). The token stays on the row, so a
+--   key, matched to its token, CPU time and peak memory by its place in the arrays). The token stays on the row, so a
 --   worker that retries after a lost answer can tell its own landed write from a loss.
 -- levels: the priority levels that hold PENDING tasks of these types, highest first, one
 --   index probe per type and level (a loose index scan), read only as far as needed.
@@ -39,7 +39,9 @@ done AS (
         lease_until = NULL,
         error_message = NULL,
         finished_at = now(),
-        updated_at = now()
+        updated_at = now(),
+        cpu_seconds = (%(done_cpu)s::float8[])[array_position(%(done_ids)s::text[], t.id)],
+        peak_rss_bytes = (%(done_rss)s::bigint[])[array_position(%(done_ids)s::text[], t.id)]
     WHERE t.id = ANY(%(done_ids)s::text[])
       AND t.status = 'RUNNING'
       AND t.claimed_by = %(worker_id)s
@@ -181,6 +183,8 @@ SET
     finished_at = CASE WHEN %(permanent)s OR t.retry_count >= t.max_retries
                        THEN now() ELSE NULL END,
     error_message = %(error)s,
+    cpu_seconds = %(cpu_seconds)s::float8,
+    peak_rss_bytes = %(peak_rss_bytes)s::bigint,
     claimed_by = NULL,
     lease_until = NULL,
     updated_at = now()

@@ -103,16 +103,20 @@ def _backoff(retry: RetryConfig) -> dict[str, float]:
 
 
 def complete_and_claim(conn, completions: Sequence[Claim], *, worker_id: str,
-                       task_types: Iterable[str], lease_seconds: float,
-                       limit: int) -> tuple[set[int], list[dict]]:
+                       task_types: Iterable[str], lease_seconds: float, limit: int,
+                       usage: Sequence[tuple[float | None, int | None]] | None = None
+                       ) -> tuple[set[int], list[dict]]:
     """Record these completions (all of ``worker_id``) and claim up to ``limit`` due tasks
     of these types, in one transaction: the tokens whose completion landed, and the claimed
     rows in the order to run them, each with ``payload`` as JSON text (the caller decodes
-    it) and its own ``lease_token``."""
+    it) and its own ``lease_token``. ``usage``, one (CPU seconds, peak RSS bytes) per
+    completion, is recorded with it."""
+    usage = usage or [(None, None)] * len(completions)
     rows = _all(conn, "complete_and_claim", {
         "worker_id": worker_id, "done_ids": [c.task_id for c in completions],
-        "done_tokens": [c.token for c in completions], "task_types": list(task_types),
-        "lease_seconds": lease_seconds, "limit": limit})
+        "done_tokens": [c.token for c in completions],
+        "done_cpu": [u[0] for u in usage], "done_rss": [u[1] for u in usage],
+        "task_types": list(task_types), "lease_seconds": lease_seconds, "limit": limit})
     landed = {row["lease_token"] for row in rows if row["completed"]}
     claimed = sorted((row for row in rows if not row["completed"]), key=lambda r: r["position"])
     return landed, claimed
@@ -134,12 +138,13 @@ def claim_task(conn, *, worker_id: str, task_types: Iterable[str],
     return get_task(conn, rows[0]["id"]) if rows else None
 
 
-def complete_tasks(conn, claims: Sequence[Claim]) -> set[int]:
+def complete_tasks(conn, claims: Sequence[Claim],
+                   usage: Sequence[tuple[float | None, int | None]] | None = None) -> set[int]:
     """Mark these claims COMPLETED (all of one worker); the tokens whose write landed."""
     if not claims:
         return set()
     return complete_and_claim(conn, claims, worker_id=claims[0].worker_id, task_types=(),
-                              lease_seconds=0, limit=0)[0]
+                              lease_seconds=0, limit=0, usage=usage)[0]
 
 
 def complete_task(conn, claim: Claim) -> bool:
@@ -164,12 +169,14 @@ def claim_states(conn, task_ids: Iterable[str]) -> dict[str, dict]:
     return {row["id"]: row for row in _all(conn, "claim_states", {"ids": list(task_ids)})}
 
 
-def fail_attempt(conn, claim: Claim, *, error: str, permanent: bool,
-                 retry: RetryConfig) -> dict | None:
+def fail_attempt(conn, claim: Claim, *, error: str, permanent: bool, retry: RetryConfig,
+                 cpu_seconds: float | None = None,
+                 peak_rss_bytes: int | None = None) -> dict | None:
     """Record a failed run. Returns {status, retry_count, retry_delay}, or None if not ours."""
     return _one(conn, "fail_attempt", {"task_id": claim.task_id, "worker_id": claim.worker_id,
                                        "token": claim.token, "error": error,
-                                       "permanent": permanent, **_backoff(retry)})
+                                       "permanent": permanent, "cpu_seconds": cpu_seconds,
+                                       "peak_rss_bytes": peak_rss_bytes, **_backoff(retry)})
 
 
 def release_tasks(conn, claims: Sequence[tuple[str, int]]) -> set[str]:

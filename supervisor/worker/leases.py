@@ -36,6 +36,9 @@ class LeaseHolder(Protocol):
     def drop(self, tokens: Sequence[int]) -> None:
         """These claims are settled: stop renewing them."""
 
+    def started(self, task: Task, token: int) -> None:
+        """The handler of this claim starts now (its type has a timeout or cancel: kill)."""
+
     def idle(self, since: float) -> None:
         """Nothing was due at ``since``; the worker now waits for a wake-up or a poll."""
 
@@ -49,7 +52,7 @@ class LeaseHolder(Protocol):
 class WorkerHooks(Protocol):
     def on_renewed(self, tokens: Sequence[int], expires_at: float) -> None: ...
 
-    def on_lost(self, token: int, reason: str) -> None: ...
+    def on_lost(self, token: int, reason: str, timed_out: bool = False) -> None: ...
 
     def on_wake(self) -> None: ...
 
@@ -96,6 +99,10 @@ class SupervisedLeases:
     def drop(self, tokens: Sequence[int]) -> None:
         with self._settled_lock:
             self._settled.extend(tokens)
+
+    def started(self, task: Task, token: int) -> None:
+        self.link.send("started", token=token, task_id=task.id, task_type=task.task_type,
+                       at=time.monotonic())
 
     def idle(self, since: float) -> None:
         self.link.send("idle", since=since, done=self._take_settled())
@@ -167,7 +174,8 @@ class SupervisedLeases:
         elif kind == "lease":
             self.worker.on_renewed(message.get("tokens") or [], float(message["expires_at"]))
         elif kind == "lost":
-            self.worker.on_lost(message["token"], str(message.get("reason") or "lost"))
+            self.worker.on_lost(message["token"], str(message.get("reason") or "lost"),
+                                bool(message.get("timed_out")))
 
 
 class LocalLeases:
@@ -203,6 +211,9 @@ class LocalLeases:
 
     def drop(self, tokens: Sequence[int]) -> None:
         self.keeper.drop(tokens)
+
+    def started(self, task: Task, token: int) -> None:
+        pass  # no supervisor: timeouts and cancel-kills are not enforced (pgtaskd worker)
 
     def idle(self, since: float) -> None:
         pass

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import inspect
 import logging
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -31,13 +32,14 @@ from .. import metrics
 from ..config import Config
 from ..db import store
 from ..db.deadline import within
-from ..errors import PermanentError, TaskCancelled
+from ..errors import PermanentError, TaskCancelled, TaskTimedOut
 from ..logs import emit
 from .failures import describe, shorten, with_origin
 from .final_writes import DB_ERRORS, STATEMENT_DEADLINE, AlreadyWritten, write_final
 from .leases import LeaseHolder, LocalLeases
 from .pools import open_pool
 from .task import Task, decode_payload
+from .usage import RunMeter, current_rss_bytes
 
 # How long a final write keeps retrying through a database outage before giving up; past it
 # the lease has long expired and the task runs again elsewhere (at-least-once).
@@ -48,6 +50,8 @@ MAX_ERROR_MESSAGE = 4000
 # quarter of the lease, if that is shorter).
 BATCH_HOLD = 1.0
 GUARD_POLL = 0.25
+# Each child recycles after max_tasks_per_child tasks, give or take this fraction.
+RECYCLE_JITTER = 0.1
 
 
 @dataclass(frozen=True)
@@ -66,15 +70,28 @@ class _Done:
     task: Task
     fields: dict
     duration: float
+    usage: tuple[float | None, int | None] = (None, None)  # CPU seconds, peak RSS bytes
 
 
 class Worker:
     def __init__(self, config: Config, *, pool: ConnectionPool, handlers: Mapping[str, Callable],
                  worker_id: str, pool_name: str = "default", batch_size: int = 1,
                  leases: Callable[["Worker"], LeaseHolder] | None = None,
-                 handler_dsn: str | None = None):
+                 handler_dsn: str | None = None, owns_process: bool = False,
+                 max_tasks: int | None = None, max_memory_mb: float | None = None):
         self.config = config
         self.pool = pool
+        # A worker that is a process of its own (a daemon's child, `pgtaskd worker`) kills
+        # what a handler left running after each task and recycles itself; one running
+        # inside another program (the tests) must not touch that program's processes.
+        self.owns_process = owns_process
+        self.meter = RunMeter()
+        self.tasks_run = 0
+        # Each child draws its own limit, so a pool's children do not recycle in lockstep.
+        self.max_tasks = None if max_tasks is None else \
+            max(1, round(max_tasks * random.uniform(1 - RECYCLE_JITTER, 1 + RECYCLE_JITTER)))
+        self.max_memory_bytes = None if max_memory_mb is None else max_memory_mb * 1024 * 1024
+        self.exit_reason = "asked to stop"
         # Connections lent to handlers (task.connection()): a pool of their own, opened on
         # first use, so a handler never holds one the loop needs and never runs with the
         # loop's session settings.
@@ -115,9 +132,11 @@ class Worker:
             if task is not None:
                 task.extend(expires_at)
 
-    def on_lost(self, token: int, reason: str) -> None:
+    def on_lost(self, token: int, reason: str, timed_out: bool = False) -> None:
         task = self._held.get(token)
         if task is not None:
+            if timed_out:
+                task.timed_out = reason
             task.mark_lost(reason)
 
     def on_wake(self) -> None:
@@ -171,6 +190,7 @@ class Worker:
                 self._error_streak = 0
                 if batch:
                     self.run_batch(batch)
+                    self._recycle_if_due()
                 elif not self.stop_event.is_set():
                     self.on_title("idle")
                     self.leases.idle(since)
@@ -194,6 +214,32 @@ class Worker:
         self.run_batch(batch)
         self.flush()
         return self.outcomes.get(batch[0][1])
+
+    def _recycle_if_due(self) -> None:
+        """Leave the loop, to be replaced by a fresh child, past max_tasks_per_child or
+        max_memory_mb. The tasks of the batch are done; the rest go back to the queue."""
+        if not self.owns_process:
+            return
+        reason = None
+        if self.max_tasks is not None and self.tasks_run >= self.max_tasks:
+            reason = f"ran {self.tasks_run} tasks (max_tasks_per_child)"
+        elif self.max_memory_bytes is not None:
+            rss = current_rss_bytes()
+            if rss is not None and rss > self.max_memory_bytes:
+                reason = (f"resident memory {rss / 1048576:.0f} MiB above "
+                          f"{self.max_memory_bytes / 1048576:g} MiB (max_memory_mb)")
+        if reason is not None:
+            metrics.WORKERS_RECYCLED.labels(self.pool_name, reason.split(" (")[-1].rstrip(")")
+                                            ).inc()
+            emit("worker_recycling", worker_id=self.worker_id, pool=self.pool_name,
+                 reason=reason)
+            self.exit_reason = "recycle"
+            self.stop()
+
+    def _kill_leftovers(self, fields: dict) -> None:
+        killed = self.meter.kill_leftovers()
+        if killed:
+            emit("leftover_processes_killed", logging.WARNING, processes=killed, **fields)
 
     def _loop_error(self, exc: BaseException) -> None:
         self._error_streak += 1
@@ -223,7 +269,7 @@ class Worker:
                     landed, rows = store.complete_and_claim(
                         conn, [d.claim for d in done], worker_id=self.worker_id,
                         task_types=self.task_types, lease_seconds=self.config.lease.seconds,
-                        limit=self.batch_size)
+                        limit=self.batch_size, usage=[d.usage for d in done])
                 else:
                     landed, rows = set(), store.claim_tasks(
                         conn, worker_id=self.worker_id, task_types=self.task_types,
@@ -329,6 +375,11 @@ class Worker:
             self._record(token, self._stopped_by_cancel(claim, task, fields), task, 0.0)
             return
         self.on_title(f"running {task.id}")
+        if self.config.handlers.policy(task.task_type).watched:
+            # The supervisor enforces this type's timeout or kills it on a cancel: it has
+            # to know when the run starts and which child runs it.
+            self.leases.started(task, token)
+        meter_start = self.meter.start()
         started = time.monotonic()
         error: BaseException | None = None
         try:
@@ -344,25 +395,38 @@ class Worker:
                 raise
             error = exc
         duration = time.monotonic() - started
+        usage = self.meter.stop(meter_start)
+        self.tasks_run += 1
+        if self.owns_process:
+            self._kill_leftovers(fields)
+        if task.timed_out and not isinstance(error, PermanentError):
+            # The supervisor stopped the run: whatever the handler did after being told, it
+            # counts as a failed attempt, so max_retries ends a task that always overruns.
+            error = TaskTimedOut(task.timed_out)
         if error is None:
             # Even if the task stopped being ours while the handler ran, the write is tried:
             # the token condition decides, and a lost claim drops the result as stale.
             with self._batch:
-                self._done.append(_Done(claim, task, fields, duration))
+                self._done.append(_Done(claim, task, fields, duration, usage))
             return
-        if isinstance(error, TaskCancelled):
+        if isinstance(error, TaskCancelled) and not isinstance(error, TaskTimedOut):
             outcome = self._stopped_by_cancel(claim, task, fields)
         else:
-            outcome = self._fail(claim, task, error, isinstance(error, PermanentError), fields)
-        self._record(token, outcome, task, duration)
+            outcome = self._fail(claim, task, error, isinstance(error, PermanentError), fields,
+                                 usage=usage)
+        self._record(token, outcome, task, duration, usage)
 
-    def _record(self, token: int, outcome: Outcome, task: Task, duration: float | None) -> None:
+    def _record(self, token: int, outcome: Outcome, task: Task, duration: float | None,
+                usage: tuple[float | None, int | None] = (None, None)) -> None:
         """A claim is settled: stop its renewal, count it, remember how it ended."""
         self._held.pop(token, None)
         self.leases.drop([token])
         if duration is not None:
             metrics.TASK_DURATION.labels(self.pool_name, task.task_type,
                                          outcome.name).observe(duration)
+        if usage[0] is not None:
+            metrics.TASK_CPU.labels(self.pool_name, task.task_type).observe(usage[0])
+            metrics.TASK_PEAK_RSS.labels(self.pool_name, task.task_type).observe(usage[1])
         if self.keep_outcomes:
             self.outcomes[token] = outcome
 
@@ -377,7 +441,8 @@ class Worker:
     def _write_completions(self, done: list[_Done]) -> None:
         if not done:
             return
-        landed = self._finalize(lambda conn: store.complete_tasks(conn, [d.claim for d in done]),
+        landed = self._finalize(lambda conn: store.complete_tasks(conn, [d.claim for d in done],
+                                                                  [d.usage for d in done]),
                                 done[0].claim, {**done[0].fields, "tasks": len(done)})
         if landed is None:
             for item in done:
@@ -406,7 +471,7 @@ class Worker:
                 outcome = self._stale(item.claim, item.task, item.fields, "completed")
             settled.append((item, outcome))
         for item, outcome in settled:
-            self._record(item.claim.token, outcome, item.task, item.duration)
+            self._record(item.claim.token, outcome, item.task, item.duration, item.usage)
 
     def _own_writes(self, claims: list[store.Claim]) -> set[int]:
         try:
@@ -420,14 +485,15 @@ class Worker:
 
     # -- failures, cancellations, stale results -----------------------------------------------
 
-    def _fail(self, claim, task, error, permanent, fields) -> Outcome:
+    def _fail(self, claim, task, error, permanent, fields, usage=(None, None)) -> Outcome:
         message = describe(error)
         detail = message if permanent else with_origin(error, message)
         # fail_attempt answers None when the claim is not ours; "or False" keeps that apart
         # from _finalize's None, which means the write was given up on.
         result = self._finalize(
             lambda conn: store.fail_attempt(conn, claim, error=detail[:MAX_ERROR_MESSAGE],
-                                            permanent=permanent, retry=self.config.retry)
+                                            permanent=permanent, retry=self.config.retry,
+                                            cpu_seconds=usage[0], peak_rss_bytes=usage[1])
             or False,
             claim, fields)
         if result is None:

@@ -25,6 +25,7 @@ from ..logs import emit, setup_logging
 from .leases import SupervisedLeases
 from .loop import Worker
 from .pools import open_pool
+from .usage import become_subreaper
 from .registry import load_handlers
 
 
@@ -76,7 +77,9 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: Link,
             (lambda w: SupervisedLeases(channel, w, pool_name=pool_name))
         worker = Worker(config, pool=pool, handlers=handlers, worker_id=worker_id,
                         pool_name=pool_name, batch_size=pool_config.batch_size, leases=supervised,
-                        handler_dsn=dsn)
+                        handler_dsn=dsn, owns_process=True,
+                        max_tasks=pool_config.max_tasks_per_child,
+                        max_memory_mb=pool_config.max_memory_mb)
         worker.on_title = lambda state: proctitle.worker_title(pool_name, slot, state)
         on_worker(worker)
         if stop_event.is_set():
@@ -88,7 +91,7 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: Link,
             worker.run()
         finally:
             worker.close()
-        channel.send("stopping", reason="asked to stop")
+        channel.send("stopping", reason=worker.exit_reason)
     finally:
         pool.close()
     return EXIT_OK
@@ -152,6 +155,9 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if args.supervisor_pid is not None:
         stop_with_parent(args.supervisor_pid)
+    # What a handler starts and abandons is reparented to this child, which kills it after
+    # the task (worker/usage.py), rather than to init, where it would outlive everything.
+    become_subreaper()
     proctitle.worker_title(args.pool, args.slot, "booting")
     try:
         # The supervisor's snapshot of the file for this child's generation, not the file as it

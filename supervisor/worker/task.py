@@ -39,6 +39,8 @@ class Task:
     # Reads renewals that arrived but were not handled yet (a handler that held the GIL kept
     # the reader thread from running), before the clock is allowed to call the lease lost.
     _refresh: Callable[[], None] | None = field(default=None, repr=False)
+    # Set (to the reason) when the supervisor stopped the run past its type's timeout.
+    timed_out: str | None = field(default=None, repr=False)
     # Set when the stored payload could not be decoded: the task fails without running.
     undecodable: BaseException | None = field(default=None, repr=False)
 

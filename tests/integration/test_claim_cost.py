@@ -41,7 +41,8 @@ def buffers(conn, name: str, params: dict) -> int:
 
 
 def claim_params(limit: int = 1, types=("echo",)) -> dict:
-    return {"worker_id": "worker-a", "done_ids": [], "done_tokens": [],
+    return {"worker_id": "worker-a", "done_ids": [], "done_tokens": [], "done_cpu": [],
+            "done_rss": [],
             "task_types": list(types), "lease_seconds": 30, "limit": limit}
 
 

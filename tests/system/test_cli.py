@@ -30,7 +30,8 @@ from supervisor.client import STATUSES
 COMMANDS = ["submit", "cancel", "retry", "show", "list", "stats", "migrate", "check-config"]
 COLUMNS = ["id", "name", "task_type", "payload", "priority", "scheduled_time", "status",
            "retry_count", "max_retries", "created_at", "updated_at", "claimed_by", "lease_until",
-           "error_message", "lease_token", "attempts", "started_at", "finished_at"]
+           "error_message", "lease_token", "attempts", "started_at", "finished_at",
+           "cpu_seconds", "peak_rss_bytes"]
 
 
 def pgtaskd(*args: str, dsn: str | None, stdin: str | None = None,

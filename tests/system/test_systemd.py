@@ -48,7 +48,8 @@ def test_unit_security_exposure_is_at_most_2():
 def test_unit_declares_what_the_daemon_relies_on():
     text = UNIT.read_text()
     for line in ("Type=notify", "ExecReload=/bin/kill -HUP $MAINPID", "KillMode=mixed",
-                 "Restart=on-failure", "WatchdogSec="):
+                 "Restart=on-failure", "WatchdogSec=", "LimitNOFILE=", "TasksMax=",
+                 "MemoryMax="):
         assert line in text, line
     stop = int(re.search(r"^TimeoutStopSec=(\d+)", text, re.M).group(1))
     config = (REPO_DIR / "etc" / "pgtaskd.yaml").read_text()
