@@ -226,6 +226,7 @@ class Arbiter:
         from .leases import Held
 
         child.idle_since = None
+        child.claimed_any = True
         held = []
         for task_id, token, task_type in claims:
             token = int(token)
@@ -419,7 +420,7 @@ class Arbiter:
                                        f"({how}): {child.boot_error or 'see its log'}")
             return
         metrics.WORKER_RESTARTS.labels(child.pool).inc()
-        self.restarts.child_exited(child, how, lived)
+        self.restarts.child_exited(child, how, lived, code)
 
     def settle_claims(self, child: Child, how: str) -> None:
         """The claims a dead child held, handed to the lease keeper's thread. A run counts as

@@ -64,6 +64,7 @@ class Child:
     idle_since: float | None = None
     # The run it reported starting, for a type with a timeout or cancel: kill (run_limits).
     running: object | None = None
+    claimed_any: bool = False
     timeout_reason: str | None = None
 
     @property
@@ -152,6 +153,22 @@ def spawn_child(config: Config, pool: str, slot: int, generation: int, *, dsn: s
     return child
 
 
+# Signals a child sends itself when its own code is broken (a crashing native import):
+# unlike SIGKILL or SIGTERM from outside (the OOM killer, an operator), they say the child
+# cannot boot.
+_CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL,
+                            signal.SIGFPE})
+
+
+def _failed_to_boot(child: Child, code: int) -> bool:
+    """Whether a child that died before booting counts toward its pool's fuse: it exited
+    with an error, crashed, or the supervisor killed it for not booting in time. A child
+    killed from outside while it booted was not at fault: it only gets the backoff."""
+    if child.boot_error is not None or code > 0:
+        return True
+    return code < 0 and -code in _CRASH_SIGNALS
+
+
 def kill_group(child: Child) -> None:
     """SIGKILL the child and everything its handler started (its process group)."""
     try:
@@ -212,13 +229,16 @@ class RestartPolicy:
     def fused_pools(self) -> tuple[str, ...]:
         return tuple(sorted(name for name, state in self.pools.items() if state.fused))
 
-    def child_exited(self, child: Child, how: str, lived: float) -> None:
+    def child_exited(self, child: Child, how: str, lived: float, code: int = 1) -> None:
         now = time.monotonic()
         slot = self.slots[(child.pool, child.slot)]
-        slot.failures = 1 if lived >= STABLE_AFTER else slot.failures + 1
+        # A child that lived long, or claimed work, was not in a crash loop (an OOM kill, an
+        # operator): the next one starts at the first step of the backoff again.
+        stable = lived >= STABLE_AFTER or child.claimed_any
+        slot.failures = 1 if stable else slot.failures + 1
         delay = min(RESTART_BASE_DELAY * 2 ** (slot.failures - 1), RESTART_MAX_DELAY)
         slot.next_start = now + delay * (1 + random.random() * 0.25)
-        if child.booted:
+        if child.booted or not _failed_to_boot(child, code):
             return
         # It never booted: a broken handler import, a bad config. Count toward the fuse.
         state = self.pools[child.pool]

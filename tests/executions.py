@@ -37,3 +37,41 @@ def overlaps(runs: list[dict]) -> list[tuple[dict, dict]]:
             if first["end"] is None or second["start"] < first["end"]:
                 found.append((first, second))
     return found
+
+
+def audit(runs: list[dict], task_ids, *, ended_by: dict[int, float]) -> dict:
+    """Check every recorded execution against what the faults explain.
+
+    ``ended_by`` maps the pid of each process the test killed (or stopped for good) to when
+    it did: a run in such a process that logged no end ended then, and a second run of its
+    task is explained. Returns counts, and the problems found: a task never run, a run that
+    neither ended nor was killed, two runs of one task that overlapped, a duplicate run no
+    kill explains.
+    """
+    by_task: dict[str, list[dict]] = {}
+    for run in runs:
+        by_task.setdefault(run["task_id"], []).append(run)
+    problems = []
+    duplicates = 0
+    for task_id in task_ids:
+        task_runs = sorted(by_task.get(task_id, []), key=lambda r: r["start"])
+        if not task_runs:
+            problems.append(f"{task_id}: never ran")
+            continue
+        for run in task_runs:
+            if run["end"] is None:
+                if run["pid"] not in ended_by:
+                    problems.append(f"{task_id}: a run in pid {run['pid']} never ended")
+                    run["end"] = float("inf")
+                else:
+                    run["end"] = ended_by[run["pid"]]
+        for first, second in zip(task_runs, task_runs[1:]):
+            if second["start"] < first["end"]:
+                problems.append(f"{task_id}: runs in pids {first['pid']} and {second['pid']} "
+                                f"overlapped")
+            if first["pid"] not in ended_by:
+                problems.append(f"{task_id}: ran again though its run in pid {first['pid']} "
+                                f"was not killed")
+        duplicates += len(task_runs) - 1
+    return {"tasks": len(task_ids), "runs": len(runs), "duplicates": duplicates,
+            "problems": problems}

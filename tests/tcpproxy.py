@@ -10,8 +10,9 @@ everything: no RST, no FIN, the sockets stay open and whatever is sent just sits
 While frozen, new connections are still accepted (the SYN got through) but nothing is
 relayed on them either. ``thaw(existing=False)`` lets new connections through while every
 connection that was open at the freeze stays stalled for good: a path that healed for new
-connections, with the old ones lost in it. ``close()`` stops the proxy and closes every
-socket it holds.
+connections, with the old ones lost in it. ``cut()`` resets every open connection;
+``latency`` adds that many seconds to every round trip. ``close()`` stops the proxy and
+closes every socket it holds.
 
 The proxy's own kernel still acknowledges what a client sends (and answers its TCP
 keepalive probes): to the client it looks like a peer that stopped answering at the
@@ -22,7 +23,9 @@ from __future__ import annotations
 
 import select
 import socket
+import struct
 import threading
+import time
 
 
 class TcpProxy:
@@ -42,6 +45,8 @@ class TcpProxy:
         self._sockets: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self.connections = 0  # accepted so far
+        # Round-trip time added to every exchange (half each way), like a slow network path.
+        self.latency = 0.0
         self._start(self._accept_loop, "tcpproxy-accept")
 
     # -- control ----------------------------------------------------------------------------
@@ -60,6 +65,17 @@ class TcpProxy:
             if existing:
                 for link in self._links:
                     link.set()
+
+    def cut(self) -> None:
+        """Reset every connection open now (both ends see it drop); new ones get through."""
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
+            _close(sock)
 
     @property
     def frozen(self) -> bool:
@@ -151,6 +167,8 @@ class TcpProxy:
                     data = sock.recv(65536)
                     if not data:
                         return
+                    if self.latency:
+                        time.sleep(self.latency / 2)
                     peers[sock].sendall(data)
         except OSError:
             return

@@ -187,6 +187,9 @@ class Worker:
                 except Exception as exc:  # the loop must survive anything but a stop
                     self._loop_error(exc)
                     continue
+                if self._error_streak:
+                    emit("loop_recovered", worker_id=self.worker_id, pool=self.pool_name,
+                         errors=self._error_streak)
                 self._error_streak = 0
                 if batch:
                     self.run_batch(batch)
@@ -244,8 +247,11 @@ class Worker:
     def _loop_error(self, exc: BaseException) -> None:
         self._error_streak += 1
         metrics.LOOP_ERRORS.labels(self.pool_name).inc()
-        emit("loop_error", logging.ERROR, worker_id=self.worker_id, pool=self.pool_name,
-             error=describe(exc), streak=self._error_streak)
+        # Once per outage, not once per retry: the metric counts every error, and the
+        # recovery is logged with how many there were.
+        if self._error_streak == 1:
+            emit("loop_error", logging.ERROR, worker_id=self.worker_id, pool=self.pool_name,
+                 error=describe(exc))
         # Back off while the database is away so a hundred workers do not hammer it.
         delay = min(self.config.poll_interval * 2 ** min(self._error_streak, 10),
                     MAX_LOOP_ERROR_BACKOFF)

@@ -38,3 +38,16 @@ def holds_the_gil(task):
     _log(task, "start")
     _HOLD_THE_GIL(int(float(task.payload.get("seconds", 1)) * 1_000_000))
     _log(task, "end")
+
+
+def works(task):
+    """Runs ``payload.seconds``, checking at safe points: once the task is no longer its
+    own (cancelled, or its lease lapsed by the worker's clock) it logs its end and stops."""
+    _log(task, "start")
+    deadline = time.monotonic() + float(task.payload.get("seconds", 1))
+    try:
+        while time.monotonic() < deadline:
+            task.raise_if_cancelled()
+            time.sleep(0.01)
+    finally:
+        _log(task, "end")

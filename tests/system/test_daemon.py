@@ -1,6 +1,6 @@
 """System tests of the daemon (issue 3): real processes, real signals, real PostgreSQL.
 
-Each test starts ``python -m supervisor.cli run`` as a subprocess (tests/system/daemon.py),
+Each test starts ``python -m supervisor.cli run`` as a subprocess (tests/daemon.py),
 drives it with signals and with rows in a fresh database, and reads what it did from its JSON
 log, from /proc and from the tasks table. Every wait has a deadline; every process started
 is killed at teardown, even when the test fails (the fixture kills the process group and

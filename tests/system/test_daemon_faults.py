@@ -1,6 +1,6 @@
 """Regression tests for the review findings fixed in d810a2d, on the real daemon.
 
-Real processes, real signals, real PostgreSQL (tests/system/daemon.py). Each test kills every
+Real processes, real signals, real PostgreSQL (tests/daemon.py). Each test kills every
 process it caused at teardown, grandchildren included, even when it fails.
 
 - a child's process group dies with it: what a handler started is gone before its task can

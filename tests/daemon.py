@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-TESTS_DIR = Path(__file__).resolve().parent.parent
+TESTS_DIR = Path(__file__).resolve().parent
 REPO_DIR = TESTS_DIR.parent
 TEST_HANDLERS = TESTS_DIR / "handlers"
 
@@ -49,6 +49,7 @@ HANDLER_TYPES = {
     "permanent": "basic:permanent",
     "sleeps": "timed_handlers:sleeps",
     "holds_the_gil": "timed_handlers:holds_the_gil",
+    "works": "timed_handlers:works",
 }
 
 

@@ -1,0 +1,76 @@
+"""Fault scenario 1: two daemons of four children each, 20,000 short tasks, and a random
+child SIGKILLed every 200 ms until the work is done.
+
+Every execution is recorded outside the database under test (tests/handlers/
+timed_handlers.py); afterwards every task must be COMPLETED in the table, none lost or
+stuck, no two runs of a task may overlap, and a task may have run twice only if the child of
+its earlier run was one of those killed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+from conftest import wait_until
+from executions import audit, read_runs
+from supervisor import Client
+
+pytest_plugins = ["daemon"]
+
+# 20,000 in the recorded runs (PGTASKD_STORM_TASKS=20000); fewer in CI, whose budget is
+# shared with the whole suite: every kill costs a new interpreter's start on two cores.
+TASKS = int(os.environ.get("PGTASKD_STORM_TASKS", "4000"))
+KILL_EVERY = 0.2
+PATIENCE = 600
+
+
+def left(conn) -> int:
+    return conn.execute("SELECT count(*) FROM tasks WHERE status <> 'COMPLETED'").fetchone()[0]
+
+
+def test_nothing_is_lost_or_run_twice_at_once_while_children_are_killed(start_daemon, conn,
+                                                                        db_dsn, tmp_path):
+    log = tmp_path / "runs.log"
+    tree = dict(retry={"base_delay": 0, "max_delay": 0, "jitter": 0}, poll_interval=0.2)
+    daemons = [start_daemon("one", pools={"default": {"processes": 4}}, **tree),
+               start_daemon("two", pools={"default": {"processes": 4, "batch_size": 5}}, **tree)]
+    with Client(db_dsn) as client:
+        for offset in range(0, TASKS, 5000):
+            client.submit_many({"task_type": "sleeps", "task_id": f"t{n}", "max_retries": 50,
+                                "payload": {"log": str(log), "seconds": 0}}
+                               for n in range(offset, min(offset + 5000, TASKS)))
+    started = time.monotonic()
+    killed: dict[int, float] = {}
+    rng = random.Random(7)
+    while left(conn):
+        assert time.monotonic() - started < PATIENCE, \
+            f"{left(conn)} tasks left after {PATIENCE} s"
+        for daemon in daemons:
+            assert daemon.returncode() is None, daemon.log_tail()
+        victims = [pid for daemon in daemons for pid in daemon.children() if pid not in killed]
+        if victims:
+            pid = rng.choice(victims)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed[pid] = time.monotonic()
+            except ProcessLookupError:
+                pass
+        time.sleep(KILL_EVERY)
+    elapsed = time.monotonic() - started
+    wait_until(lambda: not conn.execute("SELECT count(*) FROM tasks WHERE status <> 'COMPLETED'"
+                                        ).fetchone()[0], message="the table to settle")
+
+    report = audit(read_runs(log), [f"t{n}" for n in range(TASKS)], ended_by=killed)
+    print(f"\nkill storm: {TASKS} tasks, {len(killed)} children SIGKILLed in {elapsed:.1f} s, "
+          f"{report['runs']} runs, {report['duplicates']} duplicates (each after a kill), "
+          f"0 lost")
+    assert report["problems"] == [], report["problems"][:10]
+    assert len(killed) >= 10
+    statuses = dict(conn.execute("SELECT status, count(*) FROM tasks GROUP BY status").fetchall())
+    assert statuses == {"COMPLETED": TASKS}
+    for daemon in daemons:
+        assert daemon.returncode() is None
+        assert not daemon.find("settle_failed") and not daemon.find("final_state_lost")
