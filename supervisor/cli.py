@@ -191,11 +191,15 @@ def _add_task_commands(commands) -> None:
         "Submitting an --id that exists already writes nothing: the id is printed, a note on "
         "stderr names the existing task's status, the exit status is 0, and --json says "
         '"created": false. So a script may retry a submit safely, as long as it gives --id.\n\n'
+        "With --unique-key, at most one PENDING or RUNNING task holds the key: while one "
+        "does, a submit with it writes nothing and prints that task's id, with a note on "
+        "stderr and exit status 0. Finished tasks do not hold their key.\n\n"
         "A task type that no handler in the config runs is accepted with a warning: a daemon "
         "with another config may run it.",
         "pgtaskd submit echo --payload '{\"text\": \"hello\"}'\n"
         "pgtaskd submit report --payload-file report.json --in 2h --priority 5\n"
         "pgtaskd submit charge --id charge-order-42 --at 2026-01-31T09:00:00+01:00 --json\n"
+        "pgtaskd submit refresh --unique-key refresh-customer-7 --in 5m\n"
         "jq -n '{rows: 500}' | pgtaskd submit import --payload-file -")
     submit.add_argument("task_type", metavar="TYPE",
                         help="the task type: a key under handlers.types of the daemon's config")
@@ -215,6 +219,9 @@ def _add_task_commands(commands) -> None:
                       help="run after this delay from now: 30s, 5m, 2h, 1d, or plain seconds")
     submit.add_argument("--id", metavar="ID",
                         help="the task id (default: a new UUID); an existing id submits nothing")
+    submit.add_argument("--unique-key", metavar="KEY",
+                        help="while a PENDING or RUNNING task holds KEY, submit nothing and "
+                             "print that task's id (printable text, at most 200 characters)")
     submit.add_argument("--name", metavar="NAME",
                         help="a label for people (default: the task type)")
     submit.add_argument("--max-retries", type=int, default=3, metavar="N",

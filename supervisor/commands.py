@@ -151,7 +151,7 @@ def cmd_submit(args, config: Config) -> int:
     with Client.from_config(config) as client:
         task_id = client.submit(args.task_type, payload, priority=args.priority, run_at=args.at,
                                 delay=args.delay, task_id=args.id, name=args.name,
-                                max_retries=args.max_retries)
+                                max_retries=args.max_retries, unique_key=args.unique_key)
         status = "PENDING"
         if not task_id.created:
             existing = client.get(task_id)
@@ -160,7 +160,10 @@ def cmd_submit(args, config: Config) -> int:
         print_json({"id": task_id, "created": task_id.created, "status": status})
     else:
         print(task_id)
-    if not task_id.created:
+    if not task_id.created and args.unique_key is not None and task_id != args.id:
+        print(f"note: task {printable(task_id)} holds unique key {quote(args.unique_key)} "
+              f"({status}); nothing submitted", file=sys.stderr)
+    elif not task_id.created:
         print(f"note: task {printable(task_id)} exists already ({status}); nothing submitted",
               file=sys.stderr)
     elif config.handled_types and args.task_type not in config.handled_types:

@@ -380,28 +380,54 @@ GROUP BY status;
 -- name: submit_tasks
 -- The client's submit, for one task or thousands in one statement: one JSON array of task
 -- objects, one row per element (a single text parameter: binding eight arrays of ten
--- thousand elements cost the client more than the insert). ON CONFLICT DO NOTHING makes an
--- id that exists already (or a second copy of an id in the same batch: the first copy wins)
--- insert nothing, so RETURNING lists only the ids this statement created. A concurrent
--- submit of the same id waits for the other transaction and then inserts nothing. A delay
--- counts from the database's clock, never the client's.
-INSERT INTO tasks (id, name, task_type, payload, priority, scheduled_time, max_retries)
+-- thousand elements cost the client more than the insert).
+-- ON CONFLICT DO NOTHING names no conflict target, so that every unique index is an arbiter:
+-- the primary key (an id that exists already, or a second copy of an id in the same batch)
+-- and tasks_live_unique_key_idx (a unique key a PENDING or RUNNING task holds, or a second
+-- use of a key in the same batch). Naming one would make a conflict on the other an error,
+-- which would abort a caller's transaction. In both cases the first copy wins and the row
+-- inserts nothing, so RETURNING lists only the tasks this statement created (with their
+-- keys: the same id given twice with different keys tells which copy landed). A concurrent
+-- submit of the same id or live key waits for the other transaction and then inserts
+-- nothing. A delay counts from the database's clock, never the client's.
+INSERT INTO tasks (id, name, task_type, payload, priority, scheduled_time, max_retries,
+                   unique_key)
 SELECT batch.id, batch.name, batch.task_type, batch.payload, batch.priority,
        coalesce(batch.run_at, now() + coalesce(batch.delay_seconds, 0) * interval '1 second'),
-       batch.max_retries
+       batch.max_retries, batch.unique_key
 FROM ROWS FROM (jsonb_to_recordset(%(tasks)s::jsonb)
                 AS (id text, name text, task_type text, payload jsonb, priority integer,
-                    run_at timestamptz, delay_seconds double precision, max_retries integer))
+                    run_at timestamptz, delay_seconds double precision, max_retries integer,
+                    unique_key text))
      WITH ORDINALITY AS batch(id, name, task_type, payload, priority, run_at, delay_seconds,
-                              max_retries, position)
+                              max_retries, unique_key, position)
 ORDER BY batch.position
-ON CONFLICT (id) DO NOTHING
-RETURNING id;
+ON CONFLICT DO NOTHING
+RETURNING id, unique_key;
+
+-- name: find_submitted
+-- Why submitted tasks with a unique key were not created: which of their ids exist (in any
+-- status), and which live task holds each of their keys. A statement of its own, run after
+-- submit_tasks: a holder that a concurrent submit committed while our insert waited for it
+-- is newer than that insert's snapshot, but not than this one's (READ COMMITTED).
+SELECT t.id, NULL::text AS unique_key
+FROM tasks AS t
+WHERE t.id = ANY(%(ids)s::text[])
+UNION ALL
+SELECT t.id, t.unique_key
+FROM tasks AS t
+WHERE t.unique_key = ANY(%(keys)s::text[])
+  AND t.status IN ('PENDING', 'RUNNING')
+  AND t.unique_key IS NOT NULL;
 
 -- name: retry_task
 -- An operator's retry: a FAILED or CANCELLED task runs again from scratch, with its whole
 -- retry budget and no trace of the last failure. attempts keeps counting every run ever made.
-UPDATE tasks
+-- A task whose unique key another PENDING or RUNNING task holds now is left as it is: the
+-- unique index would refuse it, and the caller names the holder (unique_key_holder). A holder
+-- committed after this statement's snapshot still makes the index refuse the row, which the
+-- caller catches.
+UPDATE tasks AS t
 SET
     status = 'PENDING',
     retry_count = 0,
@@ -412,9 +438,22 @@ SET
     lease_until = NULL,
     finished_at = NULL,
     updated_at = now()
-WHERE id = %(task_id)s
-  AND status IN ('FAILED', 'CANCELLED')
-RETURNING id, status;
+WHERE t.id = %(task_id)s
+  AND t.status IN ('FAILED', 'CANCELLED')
+  AND NOT EXISTS (SELECT 1 FROM tasks AS holder
+                  WHERE holder.unique_key = t.unique_key
+                    AND holder.status IN ('PENDING', 'RUNNING'))
+RETURNING t.id, t.status;
+
+-- name: unique_key_holder
+-- The PENDING or RUNNING task, other than this one, that holds this task's unique key.
+SELECT holder.id, holder.status, holder.unique_key
+FROM tasks AS t
+JOIN tasks AS holder ON holder.unique_key = t.unique_key
+WHERE t.id = %(task_id)s
+  AND holder.id <> t.id
+  AND holder.status IN ('PENDING', 'RUNNING')
+  AND holder.unique_key IS NOT NULL;
 
 -- name: list_tasks
 -- Most recently changed first: what an operator looking at the queue wants to see.

@@ -30,7 +30,7 @@ from supervisor.client import STATUSES
 COMMANDS = ["submit", "cancel", "retry", "show", "list", "stats", "migrate", "check-config"]
 COLUMNS = ["id", "name", "task_type", "payload", "priority", "scheduled_time", "status",
            "retry_count", "max_retries", "created_at", "updated_at", "claimed_by", "lease_until",
-           "error_message", "lease_token", "attempts", "started_at", "finished_at"]
+           "error_message", "lease_token", "attempts", "started_at", "finished_at", "unique_key"]
 
 
 def pgtaskd(*args: str, dsn: str | None, stdin: str | None = None,
@@ -146,6 +146,37 @@ def test_submitting_an_existing_id_prints_it_notes_it_and_writes_nothing(db_dsn,
     assert json.loads(as_json.stdout) == {"id": "order-42", "created": False,
                                           "status": "CANCELLED"}
     assert task_count(conn) == 1 and row(conn, "order-42")["payload"] == {}
+
+
+def test_a_held_unique_key_prints_the_holder_notes_it_and_writes_nothing(db_dsn, conn):
+    first = pgtaskd("submit", "echo", "--unique-key", "nightly-export", "--id", "export-1",
+                    dsn=db_dsn)
+    assert (first.returncode, first.stdout, first.stderr) == (0, "export-1\n", "")
+    again = pgtaskd("submit", "echo", "--unique-key", "nightly-export", "--payload", '{"v": 2}',
+                    dsn=db_dsn)
+    assert (again.returncode, again.stdout) == (0, "export-1\n")
+    assert again.stderr == ("note: task export-1 holds unique key 'nightly-export' (PENDING); "
+                            "nothing submitted\n")
+    as_json = pgtaskd("submit", "echo", "--unique-key", "nightly-export", "--json", dsn=db_dsn)
+    assert json.loads(as_json.stdout) == {"id": "export-1", "created": False,
+                                          "status": "PENDING"}
+    assert task_count(conn) == 1 and row(conn, "export-1")["payload"] == {}
+    shown = json.loads(pgtaskd("show", "export-1", "--json", dsn=db_dsn).stdout)
+    assert shown["unique_key"] == "nightly-export"
+    listed = json.loads(pgtaskd("list", "--json", dsn=db_dsn).stdout)
+    assert [t["unique_key"] for t in listed] == ["nightly-export"]
+    text = pgtaskd("show", "export-1", dsn=db_dsn).stdout
+    assert "unique_key      nightly-export" in text
+
+
+def test_retrying_a_task_whose_unique_key_is_held_fails_naming_the_holder(db_dsn, conn):
+    assert pgtaskd("submit", "echo", "--unique-key", "k", "--id", "old", dsn=db_dsn).returncode == 0
+    Client(db_dsn).cancel("old")
+    assert pgtaskd("submit", "echo", "--unique-key", "k", "--id", "new", dsn=db_dsn).returncode == 0
+    assert_refused(pgtaskd("retry", "old", dsn=db_dsn), 1,
+                   "error: cannot retry task 'old': its unique_key 'k' is held by task 'new' "
+                   "(PENDING); retry it once that task has finished")
+    assert row(conn, "old")["status"] == "CANCELLED"
 
 
 def test_submit_of_a_type_no_handler_in_the_config_runs_warns_but_submits(db_dsn, conn,
@@ -364,7 +395,7 @@ def test_help_explains_every_command_with_an_example():
             assert option in text
     submit_help = pgtaskd("submit", "--help", dsn=None).stdout
     for option in ("--payload", "--payload-file", "--priority", "--at", "--in", "--id",
-                   "--name", "--max-retries"):
+                   "--name", "--max-retries", "--unique-key"):
         assert option in submit_help
     list_help = pgtaskd("list", "--help", dsn=None).stdout
     for option in ("--status", "--type", "--limit"):
@@ -431,6 +462,9 @@ def test_a_database_without_the_schema_says_to_migrate(empty_db_dsn):
     (["submit", "echo", "--priority", "high"], "invalid int value: 'high'"),
     (["submit", "echo", "--priority", "3000000000"], "priority: must be at most"),
     (["submit", "echo", "--id", "has\ttab"], "control"),
+    (["submit", "echo", "--unique-key", "k" * 10_000], "unique_key: longer than 200 characters"),
+    (["submit", "echo", "--unique-key", ""], "unique_key: must not be empty"),
+    (["submit", "echo", "--unique-key", "a\x1b[31m"], "unique_key: must not contain control"),
     (["submit", "", "--id", "x"], "task_type: must not be empty"),
     (["submit"], "required: TYPE"),
     (["list", "--status", "done"], "unknown status 'done'"),
