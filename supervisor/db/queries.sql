@@ -14,6 +14,10 @@
 -- done: each completion conditioned on its owner and its own fencing token (found by primary
 --   key, matched to its token by its place in the arrays). The token stays on the row, so a
 --   worker that retries after a lost answer can tell its own landed write from a loss.
+-- wanted: the worker's task types less those paused (task_type_pauses), so that a pause holds
+--   for every daemon from its next claim on, and a paused type's rows, however many are due,
+--   are never read: its type is gone before the index is probed. Materialized: the three
+--   places that use it read the pause table once.
 -- levels: the priority levels that hold PENDING tasks of these types, highest first, one
 --   index probe per type and level (a loose index scan), read only as far as needed.
 -- pending: each level's due tasks in the seed's order (scheduled_time, created_at), locked
@@ -22,7 +26,8 @@
 -- expired: RUNNING tasks whose lease ran out, which the seed's claim takes over too (through
 --   the lease index, which holds only RUNNING rows). Taking one over counts the lost run as a
 --   failed attempt; with its retries spent it is left to the reaper to mark FAILED. Never a
---   task that done completes in this very statement.
+--   task that done completes in this very statement, nor one of a paused type (the reaper
+--   returns those to PENDING, where they wait).
 -- chosen: both in the seed's order: priority DESC, scheduled_time, created_at, from the
 --   values the two paths read already.
 -- The claimed rows are reached by primary key (id = ANY(ARRAY(...))): the plan is prepared
@@ -46,9 +51,15 @@ done AS (
       AND t.lease_token = (%(done_tokens)s::bigint[])[array_position(%(done_ids)s::text[], t.id)]
     RETURNING t.lease_token
 ),
+wanted(task_type) AS MATERIALIZED (
+    SELECT requested.task_type
+    FROM unnest(%(task_types)s::text[]) AS requested(task_type)
+    WHERE NOT EXISTS (SELECT 1 FROM task_type_pauses AS paused
+                      WHERE paused.task_type = requested.task_type)
+),
 levels(priority) AS (
     SELECT max(top.priority)
-    FROM unnest(%(task_types)s::text[]) AS wanted(task_type)
+    FROM wanted
     CROSS JOIN LATERAL (
         SELECT t.priority FROM tasks AS t
         WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
@@ -56,7 +67,7 @@ levels(priority) AS (
         LIMIT 1) AS top
   UNION ALL
     SELECT (SELECT max(top.priority)
-            FROM unnest(%(task_types)s::text[]) AS wanted(task_type)
+            FROM wanted
             CROSS JOIN LATERAL (
                 SELECT t.priority FROM tasks AS t
                 WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
@@ -71,7 +82,7 @@ pending AS (
     FROM levels
     CROSS JOIN LATERAL (
         SELECT level_rows.id, level_rows.scheduled_time, level_rows.created_at
-        FROM unnest(%(task_types)s::text[]) AS wanted(task_type)
+        FROM wanted
         CROSS JOIN LATERAL (
             SELECT t.id, t.scheduled_time, t.created_at FROM tasks AS t
             WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
@@ -88,7 +99,7 @@ expired AS (
     SELECT t.id, t.priority, t.scheduled_time, t.created_at FROM tasks AS t
     WHERE t.status = 'RUNNING'
       AND t.lease_until <= now()
-      AND t.task_type = ANY(%(task_types)s::text[])
+      AND t.task_type = ANY(ARRAY(SELECT task_type FROM wanted))
       AND t.retry_count < t.max_retries
       AND NOT t.id = ANY(%(done_ids)s::text[])
     ORDER BY t.lease_until
