@@ -32,6 +32,7 @@ EPILOG = textwrap.dedent("""\
       pgtaskd cancel ID...                               cancel pending or running tasks
       pgtaskd retry ID...                                run failed or cancelled tasks again
       pgtaskd stats --json                               queue counts, for scripts
+      pgtaskd pause TYPE... / pgtaskd resume TYPE...     stop / restart claims of a type
 
     Every command takes -c FILE (default: $PGTASKD_CONFIG) and --json. The database is
     database.dsn from the config, or $PGTASKD_DSN, or else the embedded PostgreSQL.
@@ -272,6 +273,27 @@ def _add_task_commands(commands) -> None:
         "waited and how many RUNNING tasks hold an expired lease (not yet returned by a "
         "reaper).",
         "pgtaskd stats\npgtaskd stats --json | jq .by_status.FAILED")
+
+    pause = _command(
+        commands, "pause", "stop every daemon from claiming tasks of these types",
+        "Pause task types fleet-wide: no daemon claims a task of these types from its next "
+        "claim on, with no restart and whatever its config. Tasks already running finish "
+        "normally; new tasks of these types are still accepted and wait. The pause is kept "
+        "in the database (it outlives restarts) until 'pgtaskd resume'. Their waiting tasks "
+        "do not fail the health check. Pausing a paused type keeps the first pause. All or "
+        "nothing.",
+        "pgtaskd pause charge\n"
+        "pgtaskd pause charge report --json")
+    pause.add_argument("task_types", nargs="+", metavar="TYPE", help="task types to pause")
+
+    resume = _command(
+        commands, "resume", "let daemons claim tasks of these types again",
+        "Resume paused task types: daemons claim their tasks again from their next claim, and "
+        "idle workers are woken at once for the tasks that are due. Resuming a type that is "
+        "not paused changes nothing (a note says so). All or nothing.",
+        "pgtaskd resume charge\n"
+        "pgtaskd resume charge report --json")
+    resume.add_argument("task_types", nargs="+", metavar="TYPE", help="task types to resume")
 
 
 def main(argv=None) -> int:

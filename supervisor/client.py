@@ -22,9 +22,11 @@ writes nothing. Database trouble raises OperationalError with a one-line message
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import math
 import os
+import socket
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -54,6 +56,7 @@ MAX_ID_LENGTH = 200
 MAX_TASK_TYPE_LENGTH = 200
 MAX_UNIQUE_KEY_LENGTH = 200
 MAX_NAME_LENGTH = 1000
+MAX_PAUSED_BY_LENGTH = 200
 # Far enough for any real schedule, near enough that now() + delay never leaves the range
 # of a timestamp.
 MAX_DELAY_SECONDS = 100 * 365 * 86400
@@ -282,10 +285,23 @@ def check_status(status: Any) -> str:
 
 def _check_lookup_id(task_id: Any) -> str:
     """An id to look up may be anything another client stored; only reject what cannot be sent."""
-    _check_text("task_id", task_id)
-    if not task_id:
-        raise UsageError("task_id: must not be empty")
-    return task_id
+    return _check_lookup_text("task_id", task_id)
+
+
+def _check_lookup_text(field: str, value: Any) -> str:
+    _check_text(field, value)
+    if not value:
+        raise UsageError(f"{field}: must not be empty")
+    return value
+
+
+def who_pauses() -> str:
+    """user@host of this process: what a pause records as paused_by unless told otherwise."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login variables and no passwd entry (a bare container)
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
 
 
 def _key_held_elsewhere(conn, task_id: str) -> str | None:
@@ -526,6 +542,32 @@ class Client:
                 if reason:
                     raise TaskStateError(task_id, status, f"cannot {verb} task "
                                                           f"{quote(task_id)}: {reason}")
+
+    def pause(self, task_type: str, *, paused_by: str | None = None) -> bool:
+        """Stop every daemon from claiming tasks of this type, from the next claim each one
+        makes, with no restart; tasks already claimed run to their end. The pause is a row in
+        the database, so it outlives restarts and binds daemons started later. ``paused_by``
+        (default: user@host of this process) is what ``stats`` shows. False when the type
+        was paused already: that pause is kept as it was."""
+        task_type = _check_label("task_type", task_type, MAX_TASK_TYPE_LENGTH)
+        paused_by = who_pauses() if paused_by is None else _check_label(
+            "paused_by", paused_by, MAX_PAUSED_BY_LENGTH)
+        with self._database() as conn:
+            return store.pause_task_type(conn, task_type, paused_by=paused_by) is not None
+
+    def resume(self, task_type: str) -> bool:
+        """Let daemons claim this type again, and wake their idle workers at once if some of
+        its tasks are due (when the transaction commits, if the connection is in one). False
+        when the type was not paused."""
+        task_type = _check_lookup_text("task_type", task_type)
+        with self._database() as conn:
+            return store.resume_task_type(conn, task_type) is not None
+
+    def paused(self) -> list[dict[str, Any]]:
+        """The paused task types: ``{"task_type", "paused_at", "paused_by", "due_pending"}``
+        each (due_pending: its due tasks, which wait for a resume), by type."""
+        with self._database() as conn:
+            return store.list_pauses(conn)
 
     def get(self, task_id: str) -> dict[str, Any] | None:
         """Every column of the task, or None if there is no such task.

@@ -265,6 +265,51 @@ def _change_all(args, config: Config, change, done: str, new_status: str) -> int
     return EXIT_OK
 
 
+def cmd_pause(args, config: Config) -> int:
+    task_types = list(dict.fromkeys(args.task_types))
+    with Client.from_config(config) as client:
+        with client.transaction():
+            changed = {task_type: client.pause(task_type) for task_type in task_types}
+        pauses = {p["task_type"]: p for p in client.paused()}
+    unknown = [t for t in task_types if config.handled_types and t not in config.handled_types]
+    if args.json:
+        print_json([{"task_type": t, "paused": True, "changed": changed[t],
+                     "paused_at": pauses.get(t, {}).get("paused_at"),
+                     "paused_by": pauses.get(t, {}).get("paused_by")} for t in task_types])
+    else:
+        for task_type in task_types:
+            print(f"paused {printable(task_type)}")
+    for task_type in task_types:
+        pause = pauses.get(task_type)
+        if not changed[task_type] and pause is not None:
+            print(f"note: {quote(task_type)} was paused already, since "
+                  f"{human_time(pause['paused_at'])} by {printable(pause['paused_by'] or '?')}",
+                  file=sys.stderr)
+    if unknown:
+        # As for submit: a daemon with another config may run it, so this is no error; but a
+        # misspelt type stops nothing an operator meant to stop.
+        print(f"warning: no handler for task type {', '.join(quote(t) for t in unknown)} "
+              f"in {config.path or 'the config'}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_resume(args, config: Config) -> int:
+    task_types = list(dict.fromkeys(args.task_types))
+    with Client.from_config(config) as client:
+        with client.transaction():
+            changed = {task_type: client.resume(task_type) for task_type in task_types}
+    if args.json:
+        print_json([{"task_type": t, "paused": False, "changed": changed[t]}
+                    for t in task_types])
+    else:
+        for task_type in task_types:
+            print(f"resumed {printable(task_type)}")
+    for task_type in task_types:
+        if not changed[task_type]:
+            print(f"note: {quote(task_type)} was not paused", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_show(args, config: Config) -> int:
     with Client.from_config(config) as client:
         task = client.get(args.id)

@@ -466,6 +466,59 @@ WHERE t.id = %(task_id)s
   AND holder.status IN ('PENDING', 'RUNNING')
   AND holder.unique_key IS NOT NULL;
 
+-- name: pause_task_type
+-- Pause a task type for every daemon: no claim that starts after this commits takes its
+-- tasks (complete_and_claim reads the pause). Pausing a paused type changes nothing, so the
+-- first pause's time and author stay; no row then says it was paused already.
+INSERT INTO task_type_pauses (task_type, paused_by)
+VALUES (%(task_type)s, %(paused_by)s)
+ON CONFLICT (task_type) DO NOTHING
+RETURNING task_type, paused_at, paused_by;
+
+-- name: resume_task_type
+-- Resume a paused task type, and notify pgtaskd_tasks as the triggers of migration 0002 do
+-- (the same payload), so that idle workers start its waiting tasks at once rather than at
+-- their next poll; like theirs, the notification goes out when the transaction commits. No
+-- row: the type was not paused, and nothing is sent.
+-- due counts the type's due tasks through the claim index, up to a bound: the relay wakes at
+-- most that many idle workers, never more than it has, and counting a backlog of millions
+-- would cost more than it tells. Nothing is sent when none is due; tasks due later are found
+-- by the relay's timers or the workers' polls, as for any other task.
+WITH resumed AS (
+    DELETE FROM task_type_pauses
+    WHERE task_type = %(task_type)s
+    RETURNING task_type, paused_at, paused_by
+),
+due AS (
+    SELECT count(*) AS tasks
+    FROM (SELECT 1 FROM tasks AS t, resumed
+          WHERE t.status = 'PENDING' AND t.task_type = resumed.task_type
+            AND t.scheduled_time <= now()
+          LIMIT 1000) AS capped
+),
+wakeup AS (
+    SELECT pg_notify('pgtaskd_tasks', pgtaskd_wakeup_payload(
+               (SELECT n.nspname FROM pg_class AS c
+                  JOIN pg_namespace AS n ON n.oid = c.relnamespace
+                 WHERE c.oid = 'tasks'::regclass),
+               ARRAY[resumed.task_type], due.tasks, NULL))
+    FROM resumed, due
+    WHERE due.tasks > 0
+)
+-- A CTE that only SELECTs runs only if the statement reads it: count() reads the wake-up.
+SELECT resumed.task_type, resumed.paused_at, resumed.paused_by, due.tasks AS due,
+       (SELECT count(*) FROM wakeup) > 0 AS notified
+FROM resumed, due;
+
+-- name: list_pauses
+-- The paused task types, each with how many of its tasks are due (and so wait for a resume).
+SELECT p.task_type, p.paused_at, p.paused_by,
+       (SELECT count(*) FROM tasks AS t
+         WHERE t.status = 'PENDING' AND t.task_type = p.task_type
+           AND t.scheduled_time <= now()) AS due_pending
+FROM task_type_pauses AS p
+ORDER BY p.task_type;
+
 -- name: list_tasks
 -- Most recently changed first: what an operator looking at the queue wants to see.
 SELECT *

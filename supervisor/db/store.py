@@ -327,6 +327,24 @@ def _savepoint(conn) -> Iterator[None]:
         yield
 
 
+def pause_task_type(conn, task_type: str, *, paused_by: str | None) -> dict | None:
+    """Pause a task type for every daemon; {task_type, paused_at, paused_by}, or None when it
+    was paused already (that pause is left as it was)."""
+    return _one(conn, "pause_task_type", {"task_type": task_type, "paused_by": paused_by})
+
+
+def resume_task_type(conn, task_type: str) -> dict | None:
+    """Resume a paused task type and wake idle workers if any of its tasks are due;
+    {task_type, paused_at, paused_by, due (counted up to 1000), notified}, or None when it
+    was not paused."""
+    return _one(conn, "resume_task_type", {"task_type": task_type})
+
+
+def list_pauses(conn) -> list[dict]:
+    """The paused task types: {task_type, paused_at, paused_by, due_pending}, by type."""
+    return _all(conn, "list_pauses", {})
+
+
 def list_tasks(conn, *, status: str | None, task_type: str | None, limit: int) -> list[dict]:
     return _all(conn, "list_tasks", {"status": status, "task_type": task_type, "limit": limit},
                 any_time=True)

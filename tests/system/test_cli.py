@@ -27,7 +27,8 @@ from supervisor import Client
 from supervisor.cli import parse_duration
 from supervisor.client import STATUSES
 
-COMMANDS = ["submit", "cancel", "retry", "show", "list", "stats", "migrate", "check-config"]
+COMMANDS = ["submit", "cancel", "retry", "show", "list", "stats", "migrate", "check-config",
+            "pause", "resume"]
 COLUMNS = ["id", "name", "task_type", "payload", "priority", "scheduled_time", "status",
            "retry_count", "max_retries", "created_at", "updated_at", "claimed_by", "lease_until",
            "error_message", "lease_token", "attempts", "started_at", "finished_at", "unique_key"]
@@ -360,6 +361,47 @@ def test_stats_text_and_json(db_dsn, conn):
     assert stats["total"] == 3 and stats["by_status"]["FAILED"] == 1
     assert stats["by_type"]["report"]["PENDING"] == 1
     assert stats["due_pending"] == 2 and 90 <= stats["oldest_pending_age"] < 120
+
+
+def test_pause_and_resume_print_each_type(db_dsn, conn):
+    for task_id, task_type in [("a", "echo"), ("b", "echo"), ("c", "report")]:
+        submit(db_dsn, task_id, task_type)
+    conn.execute("UPDATE tasks SET scheduled_time = now() - interval '90 seconds' WHERE id = 'a'")
+    paused = pgtaskd("pause", "echo", "report", "echo", dsn=db_dsn)
+    assert (paused.returncode, paused.stdout, paused.stderr) == \
+        (0, "paused echo\npaused report\n", "")
+    again = pgtaskd("pause", "echo", "--json", dsn=db_dsn)
+    (shown,) = json.loads(again.stdout)
+    assert (shown["task_type"], shown["paused"], shown["changed"]) == ("echo", True, False)
+    assert shown["paused_by"].count("@") == 1
+    assert again.stderr.startswith("note: 'echo' was paused already, since 20")
+    assert again.stderr.endswith(f" by {shown['paused_by']}\n")
+    assert [(p["task_type"], p["due_pending"]) for p in Client(db_dsn).paused()] == \
+        [("echo", 2), ("report", 1)]
+
+    resumed = pgtaskd("resume", "report", "echo", dsn=db_dsn)
+    assert (resumed.returncode, resumed.stdout, resumed.stderr) == \
+        (0, "resumed report\nresumed echo\n", "")
+    twice = pgtaskd("resume", "echo", "--json", dsn=db_dsn)
+    assert json.loads(twice.stdout) == [{"task_type": "echo", "paused": False, "changed": False}]
+    assert twice.stderr == "note: 'echo' was not paused\n"
+    assert Client(db_dsn).paused() == []
+
+
+def test_pausing_a_type_no_handler_in_the_config_runs_warns_but_pauses(db_dsn, tmp_path):
+    config = write_config(tmp_path, db_dsn)
+    result = pgtaskd("pause", "echo", "mystery", "-c", config, dsn=None)
+    assert (result.returncode, result.stdout) == (0, "paused echo\npaused mystery\n")
+    assert result.stderr == f"warning: no handler for task type 'mystery' in {config}\n"
+    assert [p["task_type"] for p in Client(db_dsn).paused()] == ["echo", "mystery"]
+
+
+def test_a_bad_type_pauses_nothing(db_dsn):
+    assert_refused(pgtaskd("pause", "echo", "t" * 10_000, dsn=db_dsn), 2,
+                   "task_type: longer than 200 characters")
+    assert_refused(pgtaskd("pause", "echo", "", dsn=db_dsn), 2, "task_type: must not be empty")
+    assert_refused(pgtaskd("resume", dsn=db_dsn), 2, "required: TYPE")
+    assert Client(db_dsn).paused() == []
 
 
 # --- migrate, check-config, help, the embedded database ---------------------------------------
