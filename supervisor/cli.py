@@ -271,7 +271,8 @@ def _add_task_commands(commands) -> None:
         commands, "stats", "count tasks by status and type",
         "Count tasks by status and by type, and show how long the oldest due PENDING task has "
         "waited and how many RUNNING tasks hold an expired lease (not yet returned by a "
-        "reaper).",
+        "reaper). Paused task types are listed with their due tasks, which are left out of "
+        "the due count and the oldest wait.",
         "pgtaskd stats\npgtaskd stats --json | jq .by_status.FAILED")
 
     pause = _command(

@@ -589,15 +589,19 @@ class Client:
             return store.list_tasks(conn, status=status, task_type=task_type, limit=limit)
 
     def stats(self) -> dict[str, Any]:
-        """Counts by status and by type, the oldest due task's wait, expired leases.
+        """Counts by status and by type, the oldest due task's wait, expired leases, pauses.
 
         ``{"total": int, "by_status": {status: n}, "by_type": {type: {status: n}},
-        "due_pending": int, "oldest_pending_age": seconds or None, "expired_leases": int}``;
-        every status appears in each count, zero or not.
+        "due_pending": int, "oldest_pending_age": seconds or None, "expired_leases": int,
+        "paused_due_pending": int, "paused_types": [as in paused()]}``; every status appears
+        in each count, zero or not. Due tasks of paused types are counted in
+        paused_due_pending only: due_pending and oldest_pending_age are about the tasks that
+        workers may take.
         """
         with self._database() as conn:
             rows = store.count_by_type_and_status(conn)
             summary = store.queue_health(conn)
+            pauses = store.list_pauses(conn)
         by_status = dict.fromkeys(STATUSES, 0)
         by_type: dict[str, dict[str, int]] = {}
         for row in rows:
@@ -607,7 +611,8 @@ class Client:
         return {"total": sum(by_status.values()), "by_status": by_status, "by_type": by_type,
                 "due_pending": summary["due_pending"],
                 "oldest_pending_age": summary["oldest_pending_age"],
-                "expired_leases": summary["expired_leases"]}
+                "expired_leases": summary["expired_leases"],
+                "paused_due_pending": summary["paused_due"], "paused_types": pauses}
 
     def _connection(self) -> psycopg.Connection:
         if not self._owns_connection:

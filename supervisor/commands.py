@@ -371,6 +371,11 @@ def cmd_stats(args, config: Config) -> int:
     waiting = f", the oldest waiting {age:.1f} s" if age is not None else ""
     print(f"due pending: {stats['due_pending']}{waiting}")
     print(f"expired leases: {stats['expired_leases']}")
+    for pause in stats["paused_types"]:
+        due = pause["due_pending"]
+        print(f"paused: {printable(pause['task_type'])} since {human_time(pause['paused_at'])} "
+              f"by {printable(pause['paused_by'] or '?')} "
+              f"({due} due task{'' if due == 1 else 's'} waiting)")
     if stats["by_type"]:
         print()
         print(render_table(

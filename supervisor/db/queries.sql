@@ -337,11 +337,19 @@ RETURNING id;
 -- name: queue_health
 -- One round trip for the health check, the queue gauges and `pgtaskd stats`.
 -- oldest_pending_age is NULL when no due task waits.
+-- Due tasks of paused types wait on purpose: they are counted apart (paused_due) and left out
+-- of due_pending, old_pending and oldest_pending_age, so that a pause never fails the health
+-- check nor moves its gauges. paused_types lists the paused types, in order.
+WITH pauses AS MATERIALIZED (
+    SELECT coalesce(array_agg(task_type ORDER BY task_type), '{}') AS types
+    FROM task_type_pauses
+)
 SELECT
-    (SELECT count(*) FROM tasks WHERE status = 'PENDING' AND scheduled_time <= now())
-        AS due_pending,
+    due.every - due.paused AS due_pending,
+    due.paused AS paused_due,
     (SELECT count(*) FROM tasks
-      WHERE status = 'PENDING' AND scheduled_time <= now() - (%(max_pending_age)s * interval '1 second'))
+      WHERE status = 'PENDING' AND scheduled_time <= now() - (%(max_pending_age)s * interval '1 second')
+        AND task_type <> ALL(pauses.types))
         AS old_pending,
     (SELECT count(*) FROM tasks WHERE status = 'RUNNING' AND lease_until <= now())
         AS expired_leases,
@@ -351,12 +359,21 @@ SELECT
         AS stuck_leases,
     -- A client may schedule a task at -infinity: its wait counts from year 1, so the age
     -- stays a number (JSON has no Infinity) and still far past any max_pending_age. The
-    -- bare min() keeps its index scan; no due task leaves no row, so the age is NULL.
+    -- bare min() keeps its index scan (from the oldest, past the paused types' rows); no due
+    -- task leaves no row, so the age is NULL.
     (SELECT extract(epoch FROM now() - greatest(oldest, '0001-01-01 00:00Z'))::float8
        FROM (SELECT min(scheduled_time) AS oldest FROM tasks
-              WHERE status = 'PENDING' AND scheduled_time <= now()) AS due
+              WHERE status = 'PENDING' AND scheduled_time <= now()
+                AND task_type <> ALL(pauses.types)) AS due
       WHERE oldest IS NOT NULL)
-        AS oldest_pending_age;
+        AS oldest_pending_age,
+    pauses.types AS paused_types
+FROM pauses
+CROSS JOIN LATERAL (
+    SELECT count(*) AS every,
+           count(*) FILTER (WHERE task_type = ANY(pauses.types)) AS paused
+    FROM tasks
+    WHERE status = 'PENDING' AND scheduled_time <= now()) AS due;
 
 -- name: count_by_status
 -- Exact, and it reads every row: for tools and tests. The daemon's health check uses

@@ -236,8 +236,9 @@ def insert_task(conn, *, task_id: str, name: str, task_type: str, payload: dict,
 
 
 def queue_health(conn, *, max_pending_age: float = 0.0, lease_grace: float = 0.0) -> dict:
-    """{due_pending, old_pending, expired_leases, stuck_leases, oldest_pending_age (seconds,
-    or None)}; old and stuck count against the given ages."""
+    """{due_pending, paused_due, old_pending, expired_leases, stuck_leases,
+    oldest_pending_age (seconds, or None), paused_types}; old and stuck count against the
+    given ages. Due tasks of paused types count only in paused_due."""
     return _one(conn, "queue_health", {"max_pending_age": max_pending_age,
                                        "lease_grace": lease_grace})
 

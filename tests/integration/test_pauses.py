@@ -141,6 +141,27 @@ def test_an_idle_worker_starts_a_resumed_types_tasks_at_once(client, conn, make_
                        message="the resumed task to run")
 
 
+def test_health_leaves_a_paused_types_old_tasks_out_and_lists_it(client, conn):
+    conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) VALUES "
+                 "('old-echo', 'n', 'echo', now() - interval '1 hour'), "
+                 "('old-record', 'n', 'record', now() - interval '10 minutes'), "
+                 "('new-record', 'n', 'record', now())")
+    client.pause("echo")
+    health = store.queue_health(conn, max_pending_age=300, lease_grace=15)
+    assert (health["due_pending"], health["paused_due"], health["old_pending"]) == (2, 1, 1)
+    assert 600 <= health["oldest_pending_age"] < 700, "the record task's, not the paused one's"
+    assert health["paused_types"] == ["echo"]
+    client.pause("record")
+    health = store.queue_health(conn, max_pending_age=300, lease_grace=15)
+    assert (health["due_pending"], health["paused_due"], health["old_pending"]) == (0, 3, 0)
+    assert health["oldest_pending_age"] is None
+    assert health["paused_types"] == ["echo", "record"]
+    stats = client.stats()
+    assert (stats["due_pending"], stats["paused_due_pending"]) == (0, 3)
+    assert [(p["task_type"], p["due_pending"]) for p in stats["paused_types"]] == \
+        [("echo", 1), ("record", 2)]
+
+
 @pytest.mark.parametrize("call, task_type, message", [
     ("pause", "", "task_type: must not be empty"),
     ("pause", "t" * 10_000, "task_type: longer than 200 characters"),

@@ -357,13 +357,13 @@ def test_stats_text_and_json(db_dsn, conn):
     assert type_lines["echo"] == ["1", "0", "0", "1", "0", "2"]
     stats = json.loads(pgtaskd("stats", "--json", dsn=db_dsn).stdout)
     assert set(stats) == {"total", "by_status", "by_type", "due_pending", "oldest_pending_age",
-                          "expired_leases"}
+                          "expired_leases", "paused_due_pending", "paused_types"}
     assert stats["total"] == 3 and stats["by_status"]["FAILED"] == 1
     assert stats["by_type"]["report"]["PENDING"] == 1
     assert stats["due_pending"] == 2 and 90 <= stats["oldest_pending_age"] < 120
 
 
-def test_pause_and_resume_print_each_type(db_dsn, conn):
+def test_pause_and_resume_print_each_type_and_stats_shows_the_pauses(db_dsn, conn):
     for task_id, task_type in [("a", "echo"), ("b", "echo"), ("c", "report")]:
         submit(db_dsn, task_id, task_type)
     conn.execute("UPDATE tasks SET scheduled_time = now() - interval '90 seconds' WHERE id = 'a'")
@@ -376,7 +376,16 @@ def test_pause_and_resume_print_each_type(db_dsn, conn):
     assert shown["paused_by"].count("@") == 1
     assert again.stderr.startswith("note: 'echo' was paused already, since 20")
     assert again.stderr.endswith(f" by {shown['paused_by']}\n")
-    assert [(p["task_type"], p["due_pending"]) for p in Client(db_dsn).paused()] == \
+
+    text = pgtaskd("stats", dsn=db_dsn).stdout.splitlines()
+    assert text[1] == "due pending: 0"
+    assert text[3].startswith("paused: echo since 20")
+    assert text[3].endswith(f" by {shown['paused_by']} (2 due tasks waiting)")
+    assert text[4].endswith(" (1 due task waiting)")
+    stats = json.loads(pgtaskd("stats", "--json", dsn=db_dsn).stdout)
+    assert (stats["due_pending"], stats["paused_due_pending"]) == (0, 3)
+    assert stats["oldest_pending_age"] is None
+    assert [(p["task_type"], p["due_pending"]) for p in stats["paused_types"]] == \
         [("echo", 2), ("report", 1)]
 
     resumed = pgtaskd("resume", "report", "echo", dsn=db_dsn)
@@ -385,7 +394,9 @@ def test_pause_and_resume_print_each_type(db_dsn, conn):
     twice = pgtaskd("resume", "echo", "--json", dsn=db_dsn)
     assert json.loads(twice.stdout) == [{"task_type": "echo", "paused": False, "changed": False}]
     assert twice.stderr == "note: 'echo' was not paused\n"
-    assert Client(db_dsn).paused() == []
+    stats = json.loads(pgtaskd("stats", "--json", dsn=db_dsn).stdout)
+    assert (stats["due_pending"], stats["paused_types"]) == (3, [])
+    assert 90 <= stats["oldest_pending_age"] < 120
 
 
 def test_pausing_a_type_no_handler_in_the_config_runs_warns_but_pauses(db_dsn, tmp_path):
