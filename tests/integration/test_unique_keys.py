@@ -121,7 +121,8 @@ def test_a_plain_insert_without_a_key_works_and_the_index_binds_plain_sql_too(co
     conn.execute("INSERT INTO tasks (id, name, task_type) VALUES ('a', 'n', 'echo'), "
                  "('b', 'n', 'echo')")
     assert task_row(conn, "a")["unique_key"] is None
-    conn.execute("INSERT INTO tasks (id, name, task_type, unique_key) VALUES ('c', 'n', 'echo', 'k')")
+    conn.execute("INSERT INTO tasks (id, name, task_type, unique_key) "
+                 "VALUES ('c', 'n', 'echo', 'k')")
     with pytest.raises(psycopg.errors.UniqueViolation, match="tasks_live_unique_key_idx"):
         conn.execute("INSERT INTO tasks (id, name, task_type, unique_key) "
                      "VALUES ('d', 'n', 'echo', 'k')")
