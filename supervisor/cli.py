@@ -32,6 +32,7 @@ EPILOG = textwrap.dedent("""\
       pgtaskd cancel ID...                               cancel pending or running tasks
       pgtaskd retry ID...                                run failed or cancelled tasks again
       pgtaskd stats --json                               queue counts, for scripts
+      pgtaskd pause TYPE... / pgtaskd resume TYPE...     stop / restart claims of a type
 
     Every command takes -c FILE (default: $PGTASKD_CONFIG) and --json. The database is
     database.dsn from the config, or $PGTASKD_DSN, or else the embedded PostgreSQL.
@@ -191,11 +192,15 @@ def _add_task_commands(commands) -> None:
         "Submitting an --id that exists already writes nothing: the id is printed, a note on "
         "stderr names the existing task's status, the exit status is 0, and --json says "
         '"created": false. So a script may retry a submit safely, as long as it gives --id.\n\n'
+        "With --unique-key, at most one PENDING or RUNNING task holds the key: while one "
+        "does, a submit with it writes nothing and prints that task's id, with a note on "
+        "stderr and exit status 0. Finished tasks do not hold their key.\n\n"
         "A task type that no handler in the config runs is accepted with a warning: a daemon "
         "with another config may run it.",
         "pgtaskd submit echo --payload '{\"text\": \"hello\"}'\n"
         "pgtaskd submit report --payload-file report.json --in 2h --priority 5\n"
         "pgtaskd submit charge --id charge-order-42 --at 2026-01-31T09:00:00+01:00 --json\n"
+        "pgtaskd submit refresh --unique-key refresh-customer-7 --in 5m\n"
         "jq -n '{rows: 500}' | pgtaskd submit import --payload-file -")
     submit.add_argument("task_type", metavar="TYPE",
                         help="the task type: a key under handlers.types of the daemon's config")
@@ -215,6 +220,9 @@ def _add_task_commands(commands) -> None:
                       help="run after this delay from now: 30s, 5m, 2h, 1d, or plain seconds")
     submit.add_argument("--id", metavar="ID",
                         help="the task id (default: a new UUID); an existing id submits nothing")
+    submit.add_argument("--unique-key", metavar="KEY",
+                        help="while a PENDING or RUNNING task holds KEY, submit nothing and "
+                             "print that task's id (printable text, at most 200 characters)")
     submit.add_argument("--name", metavar="NAME",
                         help="a label for people (default: the task type)")
     submit.add_argument("--max-retries", type=int, default=3, metavar="N",
@@ -263,8 +271,30 @@ def _add_task_commands(commands) -> None:
         commands, "stats", "count tasks by status and type",
         "Count tasks by status and by type, and show how long the oldest due PENDING task has "
         "waited and how many RUNNING tasks hold an expired lease (not yet returned by a "
-        "reaper).",
+        "reaper). Paused task types are listed with their due tasks, which are left out of "
+        "the due count and the oldest wait.",
         "pgtaskd stats\npgtaskd stats --json | jq .by_status.FAILED")
+
+    pause = _command(
+        commands, "pause", "stop every daemon from claiming tasks of these types",
+        "Pause task types fleet-wide: no daemon claims a task of these types from its next "
+        "claim on, with no restart and whatever its config. Tasks already running finish "
+        "normally; new tasks of these types are still accepted and wait. The pause is kept "
+        "in the database (it outlives restarts) until 'pgtaskd resume'. Their waiting tasks "
+        "do not fail the health check. Pausing a paused type keeps the first pause. All or "
+        "nothing.",
+        "pgtaskd pause charge\n"
+        "pgtaskd pause charge report --json")
+    pause.add_argument("task_types", nargs="+", metavar="TYPE", help="task types to pause")
+
+    resume = _command(
+        commands, "resume", "let daemons claim tasks of these types again",
+        "Resume paused task types: daemons claim their tasks again from their next claim, and "
+        "idle workers are woken at once for the tasks that are due. Resuming a type that is "
+        "not paused changes nothing (a note says so). All or nothing.",
+        "pgtaskd resume charge\n"
+        "pgtaskd resume charge report --json")
+    resume.add_argument("task_types", nargs="+", metavar="TYPE", help="task types to resume")
 
 
 def main(argv=None) -> int:

@@ -22,9 +22,11 @@ writes nothing. Database trouble raises OperationalError with a one-line message
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import math
 import os
+import socket
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -43,7 +45,7 @@ STATUSES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED")
 CANCELLABLE_STATUSES = ("PENDING", "RUNNING")
 RETRYABLE_STATUSES = ("FAILED", "CANCELLED")
 SUBMIT_FIELDS = frozenset({"task_type", "payload", "priority", "run_at", "delay", "task_id",
-                           "name", "max_retries"})
+                           "name", "max_retries", "unique_key"})
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_LIST_LIMIT = 50
@@ -52,11 +54,17 @@ MAX_LIST_LIMIT = 10_000
 # bound in characters (at most 4 bytes each) keeps every accepted value indexable.
 MAX_ID_LENGTH = 200
 MAX_TASK_TYPE_LENGTH = 200
+MAX_UNIQUE_KEY_LENGTH = 200
 MAX_NAME_LENGTH = 1000
+MAX_PAUSED_BY_LENGTH = 200
 # Far enough for any real schedule, near enough that now() + delay never leaves the range
 # of a timestamp.
 MAX_DELAY_SECONDS = 100 * 365 * 86400
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
+# A submit whose unique key was held when it inserted, by a task that finished before the
+# submit could look it up, inserts again: each round needs a holder to finish within
+# milliseconds, so a few rounds are plenty.
+MAX_SUBMIT_ROUNDS = 5
 
 
 class TaskNotFound(OperationalError):
@@ -77,7 +85,8 @@ class TaskStateError(OperationalError):
 
 
 class SubmittedId(str):
-    """The id of a submitted task; ``created`` is False when a task with this id existed.
+    """The id of a submitted task; ``created`` is False when a task with this id existed, or
+    when a PENDING or RUNNING task held the submit's unique key (the id is then that task's).
 
     A str, so ``submit()`` keeps returning the plain id callers store and compare. Finding
     the id taken is the expected outcome of retrying an enqueue (that is what a caller's own
@@ -111,6 +120,7 @@ class NewTask:
     run_at: datetime | None
     delay_seconds: float | None
     max_retries: int
+    unique_key: str | None = None
 
 
 def _as_json(tasks: list[NewTask]) -> str:
@@ -121,7 +131,8 @@ def _as_json(tasks: list[NewTask]) -> str:
         f'{{"id":{dumps(t.id)},"name":{dumps(t.name)},"task_type":{dumps(t.task_type)},'
         f'"payload":{t.payload_json},"priority":{t.priority},'
         f'"run_at":{dumps(t.run_at.isoformat()) if t.run_at is not None else "null"},'
-        f'"delay_seconds":{dumps(t.delay_seconds)},"max_retries":{t.max_retries}}}'
+        f'"delay_seconds":{dumps(t.delay_seconds)},"max_retries":{t.max_retries},'
+        f'"unique_key":{dumps(t.unique_key)}}}'
         for t in tasks) + "]"
 
 
@@ -129,11 +140,14 @@ def prepare_task(task_type: str, payload: Mapping[str, Any] | None = None, *,
                  priority: int = 0, run_at: datetime | None = None,
                  delay: float | timedelta | None = None, task_id: str | None = None,
                  name: str | None = None, max_retries: int = 3,
+                 unique_key: str | None = None,
                  max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> NewTask:
     """Check every argument of a submit; UsageError names the first bad one."""
     task_type = _check_label("task_type", task_type, MAX_TASK_TYPE_LENGTH)
     task_id = str(uuid.uuid4()) if task_id is None else _check_label("task_id", task_id,
                                                                      MAX_ID_LENGTH)
+    if unique_key is not None:
+        unique_key = _check_label("unique_key", unique_key, MAX_UNIQUE_KEY_LENGTH)
     if name is None:
         name = task_type
     else:
@@ -149,6 +163,7 @@ def prepare_task(task_type: str, payload: Mapping[str, Any] | None = None, *,
         run_at=None if run_at is None else _check_run_at(run_at),
         delay_seconds=None if delay is None else _check_delay(delay),
         max_retries=_check_int("max_retries", max_retries, 0, INT32_MAX),
+        unique_key=unique_key,
     )
 
 
@@ -270,10 +285,32 @@ def check_status(status: Any) -> str:
 
 def _check_lookup_id(task_id: Any) -> str:
     """An id to look up may be anything another client stored; only reject what cannot be sent."""
-    _check_text("task_id", task_id)
-    if not task_id:
-        raise UsageError("task_id: must not be empty")
-    return task_id
+    return _check_lookup_text("task_id", task_id)
+
+
+def _check_lookup_text(field: str, value: Any) -> str:
+    _check_text(field, value)
+    if not value:
+        raise UsageError(f"{field}: must not be empty")
+    return value
+
+
+def who_pauses() -> str:
+    """user@host of this process: what a pause records as paused_by unless told otherwise."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login variables and no passwd entry (a bare container)
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _key_held_elsewhere(conn, task_id: str) -> str | None:
+    holder = store.unique_key_holder(conn, task_id)
+    if holder is None:
+        return None
+    return (f"its unique_key {quote(holder['unique_key'])} is held by task "
+            f"{quote(holder['id'])} ({holder['status']}); retry it once that task has "
+            f"finished")
 
 
 def _kind(value: Any) -> str:
@@ -364,24 +401,31 @@ class Client:
     def submit(self, task_type: str, payload: Mapping[str, Any] | None = None, *,
                priority: int = 0, run_at: datetime | None = None,
                delay: float | timedelta | None = None, task_id: str | None = None,
-               name: str | None = None, max_retries: int = 3) -> SubmittedId:
+               name: str | None = None, max_retries: int = 3,
+               unique_key: str | None = None) -> SubmittedId:
         """Enqueue a task and return its id (a new UUID unless ``task_id`` is given).
 
         ``run_at`` (an aware datetime) or ``delay`` (seconds, or a timedelta, counted from the
         database's clock) postpone it. Submitting an id that exists writes nothing and returns
         that id with ``.created`` False, so a retried enqueue never runs the work twice. Only
         a caller-chosen ``task_id`` makes a retry safe: a generated one is new every call.
+
+        ``unique_key``: while a PENDING or RUNNING task holds this key, a submit with it
+        writes nothing and returns that task's id with ``.created`` False; a finished task
+        does not hold its key. An id that exists wins over a held key: its own id is returned.
         """
         task = prepare_task(task_type, payload, priority=priority, run_at=run_at, delay=delay,
                             task_id=task_id, name=name, max_retries=max_retries,
-                            max_payload_bytes=self.max_payload_bytes)
+                            unique_key=unique_key, max_payload_bytes=self.max_payload_bytes)
         return self._insert([task])[0]
 
     def submit_many(self, tasks: Iterable[Mapping[str, Any]]) -> list[SubmittedId]:
         """Enqueue many tasks in one statement; each mapping holds ``submit()``'s arguments.
 
         Returns the ids in input order, with ``.created`` as for ``submit()``; an id given
-        twice in one batch is created once, by its first copy. One bad task rejects the batch.
+        twice in one batch is created once, by its first copy, and so is a unique key: a
+        later task with the same key gets the first one's id, with ``.created`` False. One bad
+        task rejects the batch.
         """
         prepared = []
         for position, spec in enumerate(tasks):
@@ -403,13 +447,66 @@ class Client:
         return self._insert(prepared) if prepared else []
 
     def _insert(self, tasks: list[NewTask]) -> list[SubmittedId]:
+        """Insert the tasks; each one's id in input order, or the id of the task holding its
+        unique key. Tasks without a key take one statement; a key found held takes a second,
+        to look up its holder. A third, inserting again, is only for a holder that finished in
+        between; on an autocommit connection it is a transaction of its own, like the first
+        (wrapping every keyed submit in BEGIN and COMMIT for that rare case would cost two
+        round trips each)."""
+        results: list[SubmittedId | None] = [None] * len(tasks)
+        todo = list(range(len(tasks)))
         with self._database() as conn:
-            created = store.submit_tasks(conn, _as_json(tasks))
-        ids, seen = [], set()
-        for task in tasks:
-            ids.append(SubmittedId(task.id, task.id in created and task.id not in seen))
-            seen.add(task.id)
-        return ids
+            for _ in range(MAX_SUBMIT_ROUNDS):
+                created = store.submit_tasks(conn, _as_json([tasks[i] for i in todo]))
+                held = self._settle_created(tasks, todo, created, results)
+                if not held:
+                    return results
+                todo = self._settle_held(conn, tasks, held, results)
+                if not todo:
+                    return results
+        keys = ", ".join(quote(tasks[i].unique_key) for i in todo[:3])
+        raise OperationalError(f"unique_key {keys}: the task holding it kept finishing while "
+                               f"this submit looked it up; submit again")
+
+    @staticmethod
+    def _settle_created(tasks: list[NewTask], todo: list[int],
+                        created: set[tuple[str, str | None]],
+                        results: list[SubmittedId | None]) -> list[int]:
+        """Settle the tasks of this round that were created, or whose id was taken; return
+        those with a unique key that were not created, whose reason is still unknown."""
+        taken: set[tuple[str, str | None]] = set()
+        held = []
+        for i in todo:
+            task = tasks[i]
+            landed = (task.id, task.unique_key)
+            # The first copy of an (id, key) in the batch is the one that landed.
+            if landed in created and landed not in taken:
+                taken.add(landed)
+                results[i] = SubmittedId(task.id, True)
+            elif task.unique_key is None:
+                results[i] = SubmittedId(task.id, False)
+            else:
+                held.append(i)
+        return held
+
+    @staticmethod
+    def _settle_held(conn, tasks: list[NewTask], held: list[int],
+                     results: list[SubmittedId | None]) -> list[int]:
+        """Name the task each of these stands for: its own id if that exists, else the live
+        holder of its key. Return those whose holder finished before it could be named: the
+        key is free again, so they are inserted again."""
+        existing, holders = store.find_submitted(conn, ids=[tasks[i].id for i in held],
+                                                 keys=[tasks[i].unique_key for i in held])
+        again = []
+        for i in held:
+            task = tasks[i]
+            if task.id in existing:
+                results[i] = SubmittedId(task.id, False)
+            elif task.unique_key in holders:
+                results[i] = SubmittedId(holders[task.unique_key], False)
+            else:
+                again.append(i)
+        return again
 
     def cancel(self, task_id: str) -> None:
         """PENDING or RUNNING becomes CANCELLED (a running handler sees it at its next lease
@@ -419,12 +516,15 @@ class Client:
 
     def retry(self, task_id: str) -> None:
         """FAILED or CANCELLED becomes PENDING, due now, with its retry budget restored.
-        TaskNotFound, or TaskStateError for a task in any other status."""
+        TaskNotFound, or TaskStateError for a task in any other status, or one whose unique
+        key another PENDING or RUNNING task holds now (the message names that task)."""
         self._change_status(_check_lookup_id(task_id), store.retry_task, RETRYABLE_STATUSES,
-                            "retry", "retried")
+                            "retry", "retried", blocked=_key_held_elsewhere)
 
     def _change_status(self, task_id: str, change, allowed: tuple[str, ...], verb: str,
-                       done: str) -> None:
+                       done: str, blocked=None) -> None:
+        """``blocked(conn, task_id)``: why a task in an allowed status was refused all the
+        same, or None when nothing stands in its way any more."""
         with self._database() as conn:
             # The status is read after the refusal, so a task that moved into an allowed
             # status in between (a concurrent retry) gets the change again, not a refusal
@@ -438,6 +538,36 @@ class Client:
                     raise TaskStateError(task_id, status,
                                          f"cannot {verb} task {quote(task_id)}: it is {status} "
                                          f"(only {' or '.join(allowed)} tasks can be {done})")
+                reason = blocked(conn, task_id) if blocked else None
+                if reason:
+                    raise TaskStateError(task_id, status, f"cannot {verb} task "
+                                                          f"{quote(task_id)}: {reason}")
+
+    def pause(self, task_type: str, *, paused_by: str | None = None) -> bool:
+        """Stop every daemon from claiming tasks of this type, from the next claim each one
+        makes, with no restart; tasks already claimed run to their end. The pause is a row in
+        the database, so it outlives restarts and binds daemons started later. ``paused_by``
+        (default: user@host of this process) is what ``stats`` shows. False when the type
+        was paused already: that pause is kept as it was."""
+        task_type = _check_label("task_type", task_type, MAX_TASK_TYPE_LENGTH)
+        paused_by = who_pauses() if paused_by is None else _check_label(
+            "paused_by", paused_by, MAX_PAUSED_BY_LENGTH)
+        with self._database() as conn:
+            return store.pause_task_type(conn, task_type, paused_by=paused_by) is not None
+
+    def resume(self, task_type: str) -> bool:
+        """Let daemons claim this type again, and wake their idle workers at once if some of
+        its tasks are due (when the transaction commits, if the connection is in one). False
+        when the type was not paused."""
+        task_type = _check_lookup_text("task_type", task_type)
+        with self._database() as conn:
+            return store.resume_task_type(conn, task_type) is not None
+
+    def paused(self) -> list[dict[str, Any]]:
+        """The paused task types: ``{"task_type", "paused_at", "paused_by", "due_pending"}``
+        each (due_pending: its due tasks, which wait for a resume), by type."""
+        with self._database() as conn:
+            return store.list_pauses(conn)
 
     def get(self, task_id: str) -> dict[str, Any] | None:
         """Every column of the task, or None if there is no such task.
@@ -459,15 +589,19 @@ class Client:
             return store.list_tasks(conn, status=status, task_type=task_type, limit=limit)
 
     def stats(self) -> dict[str, Any]:
-        """Counts by status and by type, the oldest due task's wait, expired leases.
+        """Counts by status and by type, the oldest due task's wait, expired leases, pauses.
 
         ``{"total": int, "by_status": {status: n}, "by_type": {type: {status: n}},
-        "due_pending": int, "oldest_pending_age": seconds or None, "expired_leases": int}``;
-        every status appears in each count, zero or not.
+        "due_pending": int, "oldest_pending_age": seconds or None, "expired_leases": int,
+        "paused_due_pending": int, "paused_types": [as in paused()]}``; every status appears
+        in each count, zero or not. Due tasks of paused types are counted in
+        paused_due_pending only: due_pending and oldest_pending_age are about the tasks that
+        workers may take.
         """
         with self._database() as conn:
             rows = store.count_by_type_and_status(conn)
             summary = store.queue_health(conn)
+            pauses = store.list_pauses(conn)
         by_status = dict.fromkeys(STATUSES, 0)
         by_type: dict[str, dict[str, int]] = {}
         for row in rows:
@@ -477,7 +611,8 @@ class Client:
         return {"total": sum(by_status.values()), "by_status": by_status, "by_type": by_type,
                 "due_pending": summary["due_pending"],
                 "oldest_pending_age": summary["oldest_pending_age"],
-                "expired_leases": summary["expired_leases"]}
+                "expired_leases": summary["expired_leases"],
+                "paused_due_pending": summary["paused_due"], "paused_types": pauses}
 
     def _connection(self) -> psycopg.Connection:
         if not self._owns_connection:

@@ -151,7 +151,7 @@ def cmd_submit(args, config: Config) -> int:
     with Client.from_config(config) as client:
         task_id = client.submit(args.task_type, payload, priority=args.priority, run_at=args.at,
                                 delay=args.delay, task_id=args.id, name=args.name,
-                                max_retries=args.max_retries)
+                                max_retries=args.max_retries, unique_key=args.unique_key)
         status = "PENDING"
         if not task_id.created:
             existing = client.get(task_id)
@@ -160,7 +160,10 @@ def cmd_submit(args, config: Config) -> int:
         print_json({"id": task_id, "created": task_id.created, "status": status})
     else:
         print(task_id)
-    if not task_id.created:
+    if not task_id.created and args.unique_key is not None and task_id != args.id:
+        print(f"note: task {printable(task_id)} holds unique key {quote(args.unique_key)} "
+              f"({status}); nothing submitted", file=sys.stderr)
+    elif not task_id.created:
         print(f"note: task {printable(task_id)} exists already ({status}); nothing submitted",
               file=sys.stderr)
     elif config.handled_types and args.task_type not in config.handled_types:
@@ -262,6 +265,51 @@ def _change_all(args, config: Config, change, done: str, new_status: str) -> int
     return EXIT_OK
 
 
+def cmd_pause(args, config: Config) -> int:
+    task_types = list(dict.fromkeys(args.task_types))
+    with Client.from_config(config) as client:
+        with client.transaction():
+            changed = {task_type: client.pause(task_type) for task_type in task_types}
+        pauses = {p["task_type"]: p for p in client.paused()}
+    unknown = [t for t in task_types if config.handled_types and t not in config.handled_types]
+    if args.json:
+        print_json([{"task_type": t, "paused": True, "changed": changed[t],
+                     "paused_at": pauses.get(t, {}).get("paused_at"),
+                     "paused_by": pauses.get(t, {}).get("paused_by")} for t in task_types])
+    else:
+        for task_type in task_types:
+            print(f"paused {printable(task_type)}")
+    for task_type in task_types:
+        pause = pauses.get(task_type)
+        if not changed[task_type] and pause is not None:
+            print(f"note: {quote(task_type)} was paused already, since "
+                  f"{human_time(pause['paused_at'])} by {printable(pause['paused_by'] or '?')}",
+                  file=sys.stderr)
+    if unknown:
+        # As for submit: a daemon with another config may run it, so this is no error; but a
+        # misspelt type stops nothing an operator meant to stop.
+        print(f"warning: no handler for task type {', '.join(quote(t) for t in unknown)} "
+              f"in {config.path or 'the config'}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_resume(args, config: Config) -> int:
+    task_types = list(dict.fromkeys(args.task_types))
+    with Client.from_config(config) as client:
+        with client.transaction():
+            changed = {task_type: client.resume(task_type) for task_type in task_types}
+    if args.json:
+        print_json([{"task_type": t, "paused": False, "changed": changed[t]}
+                    for t in task_types])
+    else:
+        for task_type in task_types:
+            print(f"resumed {printable(task_type)}")
+    for task_type in task_types:
+        if not changed[task_type]:
+            print(f"note: {quote(task_type)} was not paused", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_show(args, config: Config) -> int:
     with Client.from_config(config) as client:
         task = client.get(args.id)
@@ -323,6 +371,11 @@ def cmd_stats(args, config: Config) -> int:
     waiting = f", the oldest waiting {age:.1f} s" if age is not None else ""
     print(f"due pending: {stats['due_pending']}{waiting}")
     print(f"expired leases: {stats['expired_leases']}")
+    for pause in stats["paused_types"]:
+        due = pause["due_pending"]
+        print(f"paused: {printable(pause['task_type'])} since {human_time(pause['paused_at'])} "
+              f"by {printable(pause['paused_by'] or '?')} "
+              f"({due} due task{'' if due == 1 else 's'} waiting)")
     if stats["by_type"]:
         print()
         print(render_table(

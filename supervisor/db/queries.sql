@@ -14,6 +14,10 @@
 -- done: each completion conditioned on its owner and its own fencing token (found by primary
 --   key, matched to its token, CPU time and peak memory by its place in the arrays). The token stays on the row, so a
 --   worker that retries after a lost answer can tell its own landed write from a loss.
+-- wanted: the worker's task types less those paused (task_type_pauses), so that a pause holds
+--   for every daemon from its next claim on, and a paused type's rows, however many are due,
+--   are never read: its type is gone before the index is probed. Materialized: the three
+--   places that use it read the pause table once.
 -- levels: the priority levels that hold PENDING tasks of these types, highest first, one
 --   index probe per type and level (a loose index scan), read only as far as needed.
 -- pending: each level's due tasks in the seed's order (scheduled_time, created_at), locked
@@ -22,7 +26,8 @@
 -- expired: RUNNING tasks whose lease ran out, which the seed's claim takes over too (through
 --   the lease index, which holds only RUNNING rows). Taking one over counts the lost run as a
 --   failed attempt; with its retries spent it is left to the reaper to mark FAILED. Never a
---   task that done completes in this very statement.
+--   task that done completes in this very statement, nor one of a paused type (the reaper
+--   returns those to PENDING, where they wait).
 -- chosen: both in the seed's order: priority DESC, scheduled_time, created_at, from the
 --   values the two paths read already.
 -- The claimed rows are reached by primary key (id = ANY(ARRAY(...))): the plan is prepared
@@ -48,9 +53,15 @@ done AS (
       AND t.lease_token = (%(done_tokens)s::bigint[])[array_position(%(done_ids)s::text[], t.id)]
     RETURNING t.lease_token
 ),
+wanted(task_type) AS MATERIALIZED (
+    SELECT requested.task_type
+    FROM unnest(%(task_types)s::text[]) AS requested(task_type)
+    WHERE NOT EXISTS (SELECT 1 FROM task_type_pauses AS paused
+                      WHERE paused.task_type = requested.task_type)
+),
 levels(priority) AS (
     SELECT max(top.priority)
-    FROM unnest(%(task_types)s::text[]) AS wanted(task_type)
+    FROM wanted
     CROSS JOIN LATERAL (
         SELECT t.priority FROM tasks AS t
         WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
@@ -58,7 +69,7 @@ levels(priority) AS (
         LIMIT 1) AS top
   UNION ALL
     SELECT (SELECT max(top.priority)
-            FROM unnest(%(task_types)s::text[]) AS wanted(task_type)
+            FROM wanted
             CROSS JOIN LATERAL (
                 SELECT t.priority FROM tasks AS t
                 WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
@@ -73,7 +84,7 @@ pending AS (
     FROM levels
     CROSS JOIN LATERAL (
         SELECT level_rows.id, level_rows.scheduled_time, level_rows.created_at
-        FROM unnest(%(task_types)s::text[]) AS wanted(task_type)
+        FROM wanted
         CROSS JOIN LATERAL (
             SELECT t.id, t.scheduled_time, t.created_at FROM tasks AS t
             WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
@@ -90,7 +101,7 @@ expired AS (
     SELECT t.id, t.priority, t.scheduled_time, t.created_at FROM tasks AS t
     WHERE t.status = 'RUNNING'
       AND t.lease_until <= now()
-      AND t.task_type = ANY(%(task_types)s::text[])
+      AND t.task_type = ANY(ARRAY(SELECT task_type FROM wanted))
       AND t.retry_count < t.max_retries
       AND NOT t.id = ANY(%(done_ids)s::text[])
     ORDER BY t.lease_until
@@ -330,11 +341,19 @@ RETURNING id;
 -- name: queue_health
 -- One round trip for the health check, the queue gauges and `pgtaskd stats`.
 -- oldest_pending_age is NULL when no due task waits.
+-- Due tasks of paused types wait on purpose: they are counted apart (paused_due) and left out
+-- of due_pending, old_pending and oldest_pending_age, so that a pause never fails the health
+-- check nor moves its gauges. paused_types lists the paused types, in order.
+WITH pauses AS MATERIALIZED (
+    SELECT coalesce(array_agg(task_type ORDER BY task_type), '{}') AS types
+    FROM task_type_pauses
+)
 SELECT
-    (SELECT count(*) FROM tasks WHERE status = 'PENDING' AND scheduled_time <= now())
-        AS due_pending,
+    due.every - due.paused AS due_pending,
+    due.paused AS paused_due,
     (SELECT count(*) FROM tasks
-      WHERE status = 'PENDING' AND scheduled_time <= now() - (%(max_pending_age)s * interval '1 second'))
+      WHERE status = 'PENDING' AND scheduled_time <= now() - (%(max_pending_age)s * interval '1 second')
+        AND task_type <> ALL(pauses.types))
         AS old_pending,
     (SELECT count(*) FROM tasks WHERE status = 'RUNNING' AND lease_until <= now())
         AS expired_leases,
@@ -344,12 +363,21 @@ SELECT
         AS stuck_leases,
     -- A client may schedule a task at -infinity: its wait counts from year 1, so the age
     -- stays a number (JSON has no Infinity) and still far past any max_pending_age. The
-    -- bare min() keeps its index scan; no due task leaves no row, so the age is NULL.
+    -- bare min() keeps its index scan (from the oldest, past the paused types' rows); no due
+    -- task leaves no row, so the age is NULL.
     (SELECT extract(epoch FROM now() - greatest(oldest, '0001-01-01 00:00Z'))::float8
        FROM (SELECT min(scheduled_time) AS oldest FROM tasks
-              WHERE status = 'PENDING' AND scheduled_time <= now()) AS due
+              WHERE status = 'PENDING' AND scheduled_time <= now()
+                AND task_type <> ALL(pauses.types)) AS due
       WHERE oldest IS NOT NULL)
-        AS oldest_pending_age;
+        AS oldest_pending_age,
+    pauses.types AS paused_types
+FROM pauses
+CROSS JOIN LATERAL (
+    SELECT count(*) AS every,
+           count(*) FILTER (WHERE task_type = ANY(pauses.types)) AS paused
+    FROM tasks
+    WHERE status = 'PENDING' AND scheduled_time <= now()) AS due;
 
 -- name: count_by_status
 -- Exact, and it reads every row: for tools and tests. The daemon's health check uses
@@ -384,28 +412,54 @@ GROUP BY status;
 -- name: submit_tasks
 -- The client's submit, for one task or thousands in one statement: one JSON array of task
 -- objects, one row per element (a single text parameter: binding eight arrays of ten
--- thousand elements cost the client more than the insert). ON CONFLICT DO NOTHING makes an
--- id that exists already (or a second copy of an id in the same batch: the first copy wins)
--- insert nothing, so RETURNING lists only the ids this statement created. A concurrent
--- submit of the same id waits for the other transaction and then inserts nothing. A delay
--- counts from the database's clock, never the client's.
-INSERT INTO tasks (id, name, task_type, payload, priority, scheduled_time, max_retries)
+-- thousand elements cost the client more than the insert).
+-- ON CONFLICT DO NOTHING names no conflict target, so that every unique index is an arbiter:
+-- the primary key (an id that exists already, or a second copy of an id in the same batch)
+-- and tasks_live_unique_key_idx (a unique key a PENDING or RUNNING task holds, or a second
+-- use of a key in the same batch). Naming one would make a conflict on the other an error,
+-- which would abort a caller's transaction. In both cases the first copy wins and the row
+-- inserts nothing, so RETURNING lists only the tasks this statement created (with their
+-- keys: the same id given twice with different keys tells which copy landed). A concurrent
+-- submit of the same id or live key waits for the other transaction and then inserts
+-- nothing. A delay counts from the database's clock, never the client's.
+INSERT INTO tasks (id, name, task_type, payload, priority, scheduled_time, max_retries,
+                   unique_key)
 SELECT batch.id, batch.name, batch.task_type, batch.payload, batch.priority,
        coalesce(batch.run_at, now() + coalesce(batch.delay_seconds, 0) * interval '1 second'),
-       batch.max_retries
+       batch.max_retries, batch.unique_key
 FROM ROWS FROM (jsonb_to_recordset(%(tasks)s::jsonb)
                 AS (id text, name text, task_type text, payload jsonb, priority integer,
-                    run_at timestamptz, delay_seconds double precision, max_retries integer))
+                    run_at timestamptz, delay_seconds double precision, max_retries integer,
+                    unique_key text))
      WITH ORDINALITY AS batch(id, name, task_type, payload, priority, run_at, delay_seconds,
-                              max_retries, position)
+                              max_retries, unique_key, position)
 ORDER BY batch.position
-ON CONFLICT (id) DO NOTHING
-RETURNING id;
+ON CONFLICT DO NOTHING
+RETURNING id, unique_key;
+
+-- name: find_submitted
+-- Why submitted tasks with a unique key were not created: which of their ids exist (in any
+-- status), and which live task holds each of their keys. A statement of its own, run after
+-- submit_tasks: a holder that a concurrent submit committed while our insert waited for it
+-- is newer than that insert's snapshot, but not than this one's (READ COMMITTED).
+SELECT t.id, NULL::text AS unique_key
+FROM tasks AS t
+WHERE t.id = ANY(%(ids)s::text[])
+UNION ALL
+SELECT t.id, t.unique_key
+FROM tasks AS t
+WHERE t.unique_key = ANY(%(keys)s::text[])
+  AND t.status IN ('PENDING', 'RUNNING')
+  AND t.unique_key IS NOT NULL;
 
 -- name: retry_task
 -- An operator's retry: a FAILED or CANCELLED task runs again from scratch, with its whole
 -- retry budget and no trace of the last failure. attempts keeps counting every run ever made.
-UPDATE tasks
+-- A task whose unique key another PENDING or RUNNING task holds now is left as it is: the
+-- unique index would refuse it, and the caller names the holder (unique_key_holder). A holder
+-- committed after this statement's snapshot still makes the index refuse the row, which the
+-- caller catches.
+UPDATE tasks AS t
 SET
     status = 'PENDING',
     retry_count = 0,
@@ -416,9 +470,75 @@ SET
     lease_until = NULL,
     finished_at = NULL,
     updated_at = now()
-WHERE id = %(task_id)s
-  AND status IN ('FAILED', 'CANCELLED')
-RETURNING id, status;
+WHERE t.id = %(task_id)s
+  AND t.status IN ('FAILED', 'CANCELLED')
+  AND NOT EXISTS (SELECT 1 FROM tasks AS holder
+                  WHERE holder.unique_key = t.unique_key
+                    AND holder.status IN ('PENDING', 'RUNNING'))
+RETURNING t.id, t.status;
+
+-- name: unique_key_holder
+-- The PENDING or RUNNING task, other than this one, that holds this task's unique key.
+SELECT holder.id, holder.status, holder.unique_key
+FROM tasks AS t
+JOIN tasks AS holder ON holder.unique_key = t.unique_key
+WHERE t.id = %(task_id)s
+  AND holder.id <> t.id
+  AND holder.status IN ('PENDING', 'RUNNING')
+  AND holder.unique_key IS NOT NULL;
+
+-- name: pause_task_type
+-- Pause a task type for every daemon: no claim that starts after this commits takes its
+-- tasks (complete_and_claim reads the pause). Pausing a paused type changes nothing, so the
+-- first pause's time and author stay; no row then says it was paused already.
+INSERT INTO task_type_pauses (task_type, paused_by)
+VALUES (%(task_type)s, %(paused_by)s)
+ON CONFLICT (task_type) DO NOTHING
+RETURNING task_type, paused_at, paused_by;
+
+-- name: resume_task_type
+-- Resume a paused task type, and notify pgtaskd_tasks as the triggers of migration 0002 do
+-- (the same payload), so that idle workers start its waiting tasks at once rather than at
+-- their next poll; like theirs, the notification goes out when the transaction commits. No
+-- row: the type was not paused, and nothing is sent.
+-- due counts the type's due tasks through the claim index, up to a bound: the relay wakes at
+-- most that many idle workers, never more than it has, and counting a backlog of millions
+-- would cost more than it tells. Nothing is sent when none is due; tasks due later are found
+-- by the relay's timers or the workers' polls, as for any other task.
+WITH resumed AS (
+    DELETE FROM task_type_pauses
+    WHERE task_type = %(task_type)s
+    RETURNING task_type, paused_at, paused_by
+),
+due AS (
+    SELECT count(*) AS tasks
+    FROM (SELECT 1 FROM tasks AS t, resumed
+          WHERE t.status = 'PENDING' AND t.task_type = resumed.task_type
+            AND t.scheduled_time <= now()
+          LIMIT 1000) AS capped
+),
+wakeup AS (
+    SELECT pg_notify('pgtaskd_tasks', pgtaskd_wakeup_payload(
+               (SELECT n.nspname FROM pg_class AS c
+                  JOIN pg_namespace AS n ON n.oid = c.relnamespace
+                 WHERE c.oid = 'tasks'::regclass),
+               ARRAY[resumed.task_type], due.tasks, NULL))
+    FROM resumed, due
+    WHERE due.tasks > 0
+)
+-- A CTE that only SELECTs runs only if the statement reads it: count() reads the wake-up.
+SELECT resumed.task_type, resumed.paused_at, resumed.paused_by, due.tasks AS due,
+       (SELECT count(*) FROM wakeup) > 0 AS notified
+FROM resumed, due;
+
+-- name: list_pauses
+-- The paused task types, each with how many of its tasks are due (and so wait for a resume).
+SELECT p.task_type, p.paused_at, p.paused_by,
+       (SELECT count(*) FROM tasks AS t
+         WHERE t.status = 'PENDING' AND t.task_type = p.task_type
+           AND t.scheduled_time <= now()) AS due_pending
+FROM task_type_pauses AS p
+ORDER BY p.task_type;
 
 -- name: list_tasks
 -- Most recently changed first: what an operator looking at the queue wants to see.

@@ -7,11 +7,12 @@ never see SQL.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import psycopg
 from psycopg.rows import dict_row
@@ -242,8 +243,9 @@ def insert_task(conn, *, task_id: str, name: str, task_type: str, payload: dict,
 
 
 def queue_health(conn, *, max_pending_age: float = 0.0, lease_grace: float = 0.0) -> dict:
-    """{due_pending, old_pending, expired_leases, stuck_leases, oldest_pending_age (seconds,
-    or None)}; old and stuck count against the given ages."""
+    """{due_pending, paused_due, old_pending, expired_leases, stuck_leases,
+    oldest_pending_age (seconds, or None), paused_types}; old and stuck count against the
+    given ages. Due tasks of paused types count only in paused_due."""
     return _one(conn, "queue_health", {"max_pending_age": max_pending_age,
                                        "lease_grace": lease_grace})
 
@@ -275,18 +277,80 @@ def live_counts(conn) -> tuple[dict[str, int], bool]:
     return counts, True
 
 
-def submit_tasks(conn, tasks_json: str) -> set[str]:
+def submit_tasks(conn, tasks_json: str) -> set[tuple[str, str | None]]:
     """Insert PENDING tasks from a JSON array of objects with ``id, name, task_type,
-    payload, priority, run_at, delay_seconds, max_retries``.
+    payload, priority, run_at, delay_seconds, max_retries, unique_key``.
 
-    Returns the ids this call created; an id missing from the result existed already.
+    Returns (id, unique_key) of each task this call created; a task missing from the result
+    found its id taken, or its unique key held by a PENDING or RUNNING task.
     """
-    return {row["id"] for row in _all(conn, "submit_tasks", {"tasks": tasks_json})}
+    return {(row["id"], row["unique_key"])
+            for row in _all(conn, "submit_tasks", {"tasks": tasks_json})}
+
+
+def find_submitted(conn, *, ids: Sequence[str],
+                   keys: Sequence[str]) -> tuple[set[str], dict[str, str]]:
+    """Which of these ids exist (any status), and unique key -> the id of the PENDING or
+    RUNNING task that holds it, for those of these keys that are held."""
+    existing, holders = set(), {}
+    for row in _all(conn, "find_submitted", {"ids": list(ids), "keys": list(keys)}):
+        if row["unique_key"] is None:
+            existing.add(row["id"])
+        else:
+            holders[row["unique_key"]] = row["id"]
+    return existing, holders
 
 
 def retry_task(conn, task_id: str) -> bool:
-    """True if the task was FAILED or CANCELLED and is PENDING again."""
-    return _one(conn, "retry_task", {"task_id": task_id}) is not None
+    """True if the task was FAILED or CANCELLED and is PENDING again; False if it is in
+    another status, missing, or its unique key is held by a live task (unique_key_holder
+    names it)."""
+    try:
+        with _savepoint(conn):
+            return _one(conn, "retry_task", {"task_id": task_id}) is not None
+    except psycopg.errors.UniqueViolation:
+        # A submit of the same key committed after the statement's snapshot: the index
+        # refused the row. Only the savepoint was undone, unless there was none to undo.
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            raise
+        return False
+
+
+def unique_key_holder(conn, task_id: str) -> dict | None:
+    """{id, status, unique_key} of the live task, other than this one, holding this task's
+    unique key; None when no other task holds it."""
+    return _one(conn, "unique_key_holder", {"task_id": task_id})
+
+
+@contextlib.contextmanager
+def _savepoint(conn) -> Iterator[None]:
+    """Inside an open transaction, a savepoint: a statement the database refuses then undoes
+    only itself, not the caller's transaction. Outside one, nothing: an autocommit statement
+    undoes only itself anyway, and on a connection without autocommit psycopg's transaction()
+    would commit what it opened, which this module never does to a caller's connection."""
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+        with conn.transaction():
+            yield
+    else:
+        yield
+
+
+def pause_task_type(conn, task_type: str, *, paused_by: str | None) -> dict | None:
+    """Pause a task type for every daemon; {task_type, paused_at, paused_by}, or None when it
+    was paused already (that pause is left as it was)."""
+    return _one(conn, "pause_task_type", {"task_type": task_type, "paused_by": paused_by})
+
+
+def resume_task_type(conn, task_type: str) -> dict | None:
+    """Resume a paused task type and wake idle workers if any of its tasks are due;
+    {task_type, paused_at, paused_by, due (counted up to 1000), notified}, or None when it
+    was not paused."""
+    return _one(conn, "resume_task_type", {"task_type": task_type})
+
+
+def list_pauses(conn) -> list[dict]:
+    """The paused task types: {task_type, paused_at, paused_by, due_pending}, by type."""
+    return _all(conn, "list_pauses", {})
 
 
 def list_tasks(conn, *, status: str | None, task_type: str | None, limit: int) -> list[dict]:

@@ -3,6 +3,9 @@
 Every few seconds: can the daemon reach PostgreSQL; how many due tasks waited longer than
 ``health.max_pending_age``; how many leases expired and stayed unreaped; how many children
 live against the configured count. The latest report feeds /healthz and the queue gauges.
+
+Tasks of a paused type wait because an operator said so: they never fail the pending-age
+check. The report lists the paused types and counts their due tasks apart.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ class HealthReport:
     expired_leases: int = 0
     stuck_leases: int = 0
     oldest_pending_age: float = 0.0
+    # Due tasks of paused types, left out of old_pending and oldest_pending_age.
+    paused_due: int = 0
+    paused_types: tuple[str, ...] = ()
     tasks_by_status: dict[str, int] = field(default_factory=dict)
     # True when the finished statuses' counts are the statistics' estimates (a large table).
     finished_estimated: bool = False
@@ -60,7 +66,8 @@ class HealthReport:
             "checks": {
                 "database": {"ok": self.database_ok, "error": self.database_error},
                 "pending_age": {"ok": not self.old_pending, "old_pending": self.old_pending,
-                                "oldest_pending_age_seconds": round(self.oldest_pending_age, 3)},
+                                "oldest_pending_age_seconds": round(self.oldest_pending_age, 3),
+                                "paused_due": self.paused_due},
                 "expired_leases": {"ok": not self.stuck_leases, "expired": self.expired_leases,
                                    "unreaped": self.stuck_leases},
                 "children": {"ok": self.children.live >= self.children.expected
@@ -69,6 +76,7 @@ class HealthReport:
                              "fused_pools": list(self.children.fused_pools)},
             },
             "tasks_by_status": self.tasks_by_status,
+            "paused_task_types": list(self.paused_types),
             "finished_counts_estimated": self.finished_estimated,
             "age_seconds": round(time.monotonic() - self.checked_at, 3),
         }
@@ -103,6 +111,7 @@ class HealthChecker(PeriodicService):
             database_ok=True, old_pending=queue["old_pending"],
             expired_leases=queue["expired_leases"], stuck_leases=queue["stuck_leases"],
             oldest_pending_age=queue["oldest_pending_age"] or 0.0, tasks_by_status=counts,
+            paused_due=queue["paused_due"], paused_types=tuple(queue["paused_types"]),
             finished_estimated=estimated, children=self.children(),
         )
         with self._lock:
@@ -115,4 +124,5 @@ class HealthChecker(PeriodicService):
             previous = self._latest
             self._latest = HealthReport(
                 database_ok=False, database_error=text[-1] if text else type(exc).__name__,
-                tasks_by_status=previous.tasks_by_status, children=self.children())
+                tasks_by_status=previous.tasks_by_status, paused_types=previous.paused_types,
+                children=self.children())

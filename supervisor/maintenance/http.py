@@ -37,8 +37,15 @@ class QueueCollector:
         yield GaugeMetricFamily("pgtaskd_expired_leases", "RUNNING tasks whose lease expired",
                                 value=report.expired_leases)
         yield GaugeMetricFamily("pgtaskd_oldest_pending_age_seconds",
-                                "How long the oldest due PENDING task has waited",
-                                value=report.oldest_pending_age)
+                                "How long the oldest due PENDING task of a type not paused "
+                                "has waited", value=report.oldest_pending_age)
+        # One sample per paused type, value 1; a type that is not paused has none.
+        paused = GaugeMetricFamily("pgtaskd_task_type_paused",
+                                   "1 for each task type paused fleet-wide (pgtaskd pause)",
+                                   labels=["task_type"])
+        for task_type in report.paused_types:
+            paused.add_metric([task_type], 1)
+        yield paused
         yield GaugeMetricFamily("pgtaskd_live_children", "Worker children alive",
                                 value=report.children.live)
         yield GaugeMetricFamily("pgtaskd_expected_children", "Worker children configured",

@@ -69,14 +69,24 @@ SKEWS = {
 }
 
 
+# Due rows, at a higher priority than the work a claim may take, of a type the test pauses:
+# kept apart from SKEWS, whose every entry the tests above run against an unpaused claim.
+PAUSED_SKEWS = {
+    "paused_type_due": "INSERT INTO tasks (id, name, task_type, priority) "
+                       "SELECT 'paused' || g, 'n', 'paused', 9 "
+                       "FROM generate_series(%(from)s::int, %(n)s::int) g",
+}
+
+
 def skewed_buffers(conn, skew: str, name: str, params: dict) -> tuple[int, int, int]:
     """Buffers of the query on the table as it is, with SKEW rows of ``skew``, with 4 x SKEW."""
+    insert = {**SKEWS, **PAUSED_SKEWS}[skew]
     conn.execute("ANALYZE tasks")
     flat = buffers(conn, name, params)
-    conn.execute(SKEWS[skew], {"n": SKEW, "from": 1})
+    conn.execute(insert, {"n": SKEW, "from": 1})
     conn.execute("ANALYZE tasks")
     once = buffers(conn, name, params)
-    conn.execute(SKEWS[skew], {"n": 4 * SKEW, "from": SKEW + 1})
+    conn.execute(insert, {"n": 4 * SKEW, "from": SKEW + 1})
     conn.execute("ANALYZE tasks")
     four_times = buffers(conn, name, params)
     print(f"\n{name}: {flat} buffers on its own work, {once} with {SKEW:,} rows of {skew}, "
@@ -106,6 +116,19 @@ def test_the_claim_still_finds_due_work_below_a_future_priority_level(conn):
     row = conn.execute(QUERIES["complete_and_claim"], claim_params(limit=4)).fetchall()
     claimed = sorted((r[12], r[1]) for r in row if not r[0])
     assert [task_id for _, task_id in claimed] == ["mid3", "mid2", "mid1", "low3"]
+
+
+@pytest.mark.parametrize("limit", [1, 10])
+def test_the_claim_never_reads_the_due_rows_of_a_paused_type(conn, limit):
+    """The paused type's rows outrank the work the claim takes, so a claim that read them, or
+    locked and skipped them, would read them all; its type is dropped before the index is
+    probed instead."""
+    conn.execute("INSERT INTO task_type_pauses (task_type) VALUES ('paused')")
+    add_due(conn, 50)
+    params = claim_params(limit, types=("echo", "paused"))
+    assert_flat(skewed_buffers(conn, "paused_type_due", "complete_and_claim", params), limit)
+    claimed = conn.execute(QUERIES["complete_and_claim"], params).fetchall()
+    assert len(claimed) == limit and {r[3] for r in claimed} == {"echo"}
 
 
 @pytest.mark.parametrize("skew", ["finished", "future_higher_priority", "running_live_leases"])

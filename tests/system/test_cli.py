@@ -27,11 +27,12 @@ from supervisor import Client
 from supervisor.cli import parse_duration
 from supervisor.client import STATUSES
 
-COMMANDS = ["submit", "cancel", "retry", "show", "list", "stats", "migrate", "check-config"]
+COMMANDS = ["submit", "cancel", "retry", "show", "list", "stats", "migrate", "check-config",
+            "pause", "resume"]
 COLUMNS = ["id", "name", "task_type", "payload", "priority", "scheduled_time", "status",
            "retry_count", "max_retries", "created_at", "updated_at", "claimed_by", "lease_until",
            "error_message", "lease_token", "attempts", "started_at", "finished_at",
-           "cpu_seconds", "peak_rss_bytes"]
+           "unique_key", "cpu_seconds", "peak_rss_bytes"]
 
 
 def pgtaskd(*args: str, dsn: str | None, stdin: str | None = None,
@@ -147,6 +148,37 @@ def test_submitting_an_existing_id_prints_it_notes_it_and_writes_nothing(db_dsn,
     assert json.loads(as_json.stdout) == {"id": "order-42", "created": False,
                                           "status": "CANCELLED"}
     assert task_count(conn) == 1 and row(conn, "order-42")["payload"] == {}
+
+
+def test_a_held_unique_key_prints_the_holder_notes_it_and_writes_nothing(db_dsn, conn):
+    first = pgtaskd("submit", "echo", "--unique-key", "nightly-export", "--id", "export-1",
+                    dsn=db_dsn)
+    assert (first.returncode, first.stdout, first.stderr) == (0, "export-1\n", "")
+    again = pgtaskd("submit", "echo", "--unique-key", "nightly-export", "--payload", '{"v": 2}',
+                    dsn=db_dsn)
+    assert (again.returncode, again.stdout) == (0, "export-1\n")
+    assert again.stderr == ("note: task export-1 holds unique key 'nightly-export' (PENDING); "
+                            "nothing submitted\n")
+    as_json = pgtaskd("submit", "echo", "--unique-key", "nightly-export", "--json", dsn=db_dsn)
+    assert json.loads(as_json.stdout) == {"id": "export-1", "created": False,
+                                          "status": "PENDING"}
+    assert task_count(conn) == 1 and row(conn, "export-1")["payload"] == {}
+    shown = json.loads(pgtaskd("show", "export-1", "--json", dsn=db_dsn).stdout)
+    assert shown["unique_key"] == "nightly-export"
+    listed = json.loads(pgtaskd("list", "--json", dsn=db_dsn).stdout)
+    assert [t["unique_key"] for t in listed] == ["nightly-export"]
+    text = pgtaskd("show", "export-1", dsn=db_dsn).stdout
+    assert "unique_key      nightly-export" in text
+
+
+def test_retrying_a_task_whose_unique_key_is_held_fails_naming_the_holder(db_dsn, conn):
+    assert pgtaskd("submit", "echo", "--unique-key", "k", "--id", "old", dsn=db_dsn).returncode == 0
+    Client(db_dsn).cancel("old")
+    assert pgtaskd("submit", "echo", "--unique-key", "k", "--id", "new", dsn=db_dsn).returncode == 0
+    assert_refused(pgtaskd("retry", "old", dsn=db_dsn), 1,
+                   "error: cannot retry task 'old': its unique_key 'k' is held by task 'new' "
+                   "(PENDING); retry it once that task has finished")
+    assert row(conn, "old")["status"] == "CANCELLED"
 
 
 def test_submit_of_a_type_no_handler_in_the_config_runs_warns_but_submits(db_dsn, conn,
@@ -326,10 +358,62 @@ def test_stats_text_and_json(db_dsn, conn):
     assert type_lines["echo"] == ["1", "0", "0", "1", "0", "2"]
     stats = json.loads(pgtaskd("stats", "--json", dsn=db_dsn).stdout)
     assert set(stats) == {"total", "by_status", "by_type", "due_pending", "oldest_pending_age",
-                          "expired_leases"}
+                          "expired_leases", "paused_due_pending", "paused_types"}
     assert stats["total"] == 3 and stats["by_status"]["FAILED"] == 1
     assert stats["by_type"]["report"]["PENDING"] == 1
     assert stats["due_pending"] == 2 and 90 <= stats["oldest_pending_age"] < 120
+
+
+def test_pause_and_resume_print_each_type_and_stats_shows_the_pauses(db_dsn, conn):
+    for task_id, task_type in [("a", "echo"), ("b", "echo"), ("c", "report")]:
+        submit(db_dsn, task_id, task_type)
+    conn.execute("UPDATE tasks SET scheduled_time = now() - interval '90 seconds' WHERE id = 'a'")
+    paused = pgtaskd("pause", "echo", "report", "echo", dsn=db_dsn)
+    assert (paused.returncode, paused.stdout, paused.stderr) == \
+        (0, "paused echo\npaused report\n", "")
+    again = pgtaskd("pause", "echo", "--json", dsn=db_dsn)
+    (shown,) = json.loads(again.stdout)
+    assert (shown["task_type"], shown["paused"], shown["changed"]) == ("echo", True, False)
+    assert shown["paused_by"].count("@") == 1
+    assert again.stderr.startswith("note: 'echo' was paused already, since 20")
+    assert again.stderr.endswith(f" by {shown['paused_by']}\n")
+
+    text = pgtaskd("stats", dsn=db_dsn).stdout.splitlines()
+    assert text[1] == "due pending: 0"
+    assert text[3].startswith("paused: echo since 20")
+    assert text[3].endswith(f" by {shown['paused_by']} (2 due tasks waiting)")
+    assert text[4].endswith(" (1 due task waiting)")
+    stats = json.loads(pgtaskd("stats", "--json", dsn=db_dsn).stdout)
+    assert (stats["due_pending"], stats["paused_due_pending"]) == (0, 3)
+    assert stats["oldest_pending_age"] is None
+    assert [(p["task_type"], p["due_pending"]) for p in stats["paused_types"]] == \
+        [("echo", 2), ("report", 1)]
+
+    resumed = pgtaskd("resume", "report", "echo", dsn=db_dsn)
+    assert (resumed.returncode, resumed.stdout, resumed.stderr) == \
+        (0, "resumed report\nresumed echo\n", "")
+    twice = pgtaskd("resume", "echo", "--json", dsn=db_dsn)
+    assert json.loads(twice.stdout) == [{"task_type": "echo", "paused": False, "changed": False}]
+    assert twice.stderr == "note: 'echo' was not paused\n"
+    stats = json.loads(pgtaskd("stats", "--json", dsn=db_dsn).stdout)
+    assert (stats["due_pending"], stats["paused_types"]) == (3, [])
+    assert 90 <= stats["oldest_pending_age"] < 120
+
+
+def test_pausing_a_type_no_handler_in_the_config_runs_warns_but_pauses(db_dsn, tmp_path):
+    config = write_config(tmp_path, db_dsn)
+    result = pgtaskd("pause", "echo", "mystery", "-c", config, dsn=None)
+    assert (result.returncode, result.stdout) == (0, "paused echo\npaused mystery\n")
+    assert result.stderr == f"warning: no handler for task type 'mystery' in {config}\n"
+    assert [p["task_type"] for p in Client(db_dsn).paused()] == ["echo", "mystery"]
+
+
+def test_a_bad_type_pauses_nothing(db_dsn):
+    assert_refused(pgtaskd("pause", "echo", "t" * 10_000, dsn=db_dsn), 2,
+                   "task_type: longer than 200 characters")
+    assert_refused(pgtaskd("pause", "echo", "", dsn=db_dsn), 2, "task_type: must not be empty")
+    assert_refused(pgtaskd("resume", dsn=db_dsn), 2, "required: TYPE")
+    assert Client(db_dsn).paused() == []
 
 
 # --- migrate, check-config, help, the embedded database ---------------------------------------
@@ -365,7 +449,7 @@ def test_help_explains_every_command_with_an_example():
             assert option in text
     submit_help = pgtaskd("submit", "--help", dsn=None).stdout
     for option in ("--payload", "--payload-file", "--priority", "--at", "--in", "--id",
-                   "--name", "--max-retries"):
+                   "--name", "--max-retries", "--unique-key"):
         assert option in submit_help
     list_help = pgtaskd("list", "--help", dsn=None).stdout
     for option in ("--status", "--type", "--limit"):
@@ -432,6 +516,9 @@ def test_a_database_without_the_schema_says_to_migrate(empty_db_dsn):
     (["submit", "echo", "--priority", "high"], "invalid int value: 'high'"),
     (["submit", "echo", "--priority", "3000000000"], "priority: must be at most"),
     (["submit", "echo", "--id", "has\ttab"], "control"),
+    (["submit", "echo", "--unique-key", "k" * 10_000], "unique_key: longer than 200 characters"),
+    (["submit", "echo", "--unique-key", ""], "unique_key: must not be empty"),
+    (["submit", "echo", "--unique-key", "a\x1b[31m"], "unique_key: must not contain control"),
     (["submit", "", "--id", "x"], "task_type: must not be empty"),
     (["submit"], "required: TYPE"),
     (["list", "--status", "done"], "unknown status 'done'"),

@@ -1,0 +1,182 @@
+"""Task types paused fleet-wide: the claim of every worker skips them from its next statement,
+expired leases included; resuming wakes idle workers with the triggers' notification."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from conftest import wait_until
+from supervisor import Client
+from supervisor.config import RetryConfig
+from supervisor.db import store
+from supervisor.errors import UsageError
+from worker_fixtures import add_task, expire_lease, looping, task_row
+
+pytest_plugins = ["worker_fixtures"]
+
+
+@pytest.fixture
+def client(db_dsn):
+    with Client(db_dsn) as owned:
+        yield owned
+
+
+@pytest.fixture
+def listener(db_dsn):
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("LISTEN pgtaskd_tasks")
+        yield conn
+
+
+def received(listener, wait: float = 0.5) -> list[dict]:
+    return [json.loads(n.payload) for n in listener.notifies(timeout=wait)]
+
+
+def claim(conn, *types: str, limit: int = 10) -> list[str]:
+    rows = store.claim_tasks(conn, worker_id="w", task_types=types, lease_seconds=30,
+                             limit=limit)
+    return [row["id"] for row in rows]
+
+
+def test_a_paused_type_is_not_claimed_and_the_others_are(client, conn):
+    add_task(conn, "echo-1", "echo", priority=9)
+    add_task(conn, "record-1", "record")
+    assert client.pause("echo") is True
+    assert claim(conn, "echo", "record") == ["record-1"]
+    assert claim(conn, "echo") == []
+    assert task_row(conn, "echo-1")["status"] == "PENDING"
+    assert client.resume("echo") is True
+    assert claim(conn, "echo", "record") == ["echo-1"]
+
+
+def test_an_expired_lease_of_a_paused_type_is_not_taken_over(client, conn):
+    add_task(conn, "t1")
+    assert claim(conn, "echo") == ["t1"]
+    expire_lease(conn, "t1")
+    client.pause("echo")
+    assert claim(conn, "echo") == []
+    # The reaper still returns it to the queue, where it waits like any task of its type.
+    retry = RetryConfig(base_delay=0.0, max_delay=0.0, jitter=0.0)
+    reaped = store.reap_expired_leases(conn, batch_size=10, retry=retry)
+    assert [(r["id"], r["status"]) for r in reaped] == [("t1", "PENDING")]
+    assert claim(conn, "echo") == []
+    client.resume("echo")
+    assert claim(conn, "echo") == ["t1"]
+
+
+def test_a_claimed_task_of_a_type_paused_since_finishes_normally(client, conn):
+    add_task(conn, "t1")
+    row = store.claim_task(conn, worker_id="w", task_types=["echo"], lease_seconds=30)
+    client.pause("echo")
+    held = store.Claim("t1", "w", row["lease_token"])
+    assert store.renew_lease(conn, held, lease_seconds=30)
+    assert store.complete_task(conn, held)
+    assert task_row(conn, "t1")["status"] == "COMPLETED"
+
+
+def test_pausing_twice_keeps_the_first_pause_and_resuming_twice_changes_nothing(client):
+    assert client.pause("echo", paused_by="ops@db1") is True
+    (first,) = client.paused()
+    assert client.pause("echo", paused_by="someone-else") is False
+    assert client.paused() == [first]
+    assert (first["task_type"], first["paused_by"], first["due_pending"]) == \
+        ("echo", "ops@db1", 0)
+    assert client.resume("echo") is True
+    assert client.resume("echo") is False
+    assert client.paused() == []
+
+
+def test_paused_by_defaults_to_user_at_host(client):
+    client.pause("echo")
+    (pause,) = client.paused()
+    user, _, host = pause["paused_by"].partition("@")
+    assert user and host
+
+
+def test_resume_notifies_like_the_triggers_only_for_due_tasks(client, conn, listener):
+    client.pause("echo")
+    client.submit_many([{"task_type": "echo"}] * 3 + [{"task_type": "echo", "delay": 600}])
+    received(listener)  # the insert's own notification, which woke workers for nothing
+    client.pause("record")
+    client.resume("record")
+    assert received(listener) == [], "pausing and resuming a type with nothing due is silent"
+    client.resume("echo")
+    assert received(listener) == [{"types": ["echo"], "due": 3, "delay": None,
+                                   "schema": "public"}]
+
+
+def test_a_resume_in_a_rolled_back_transaction_resumes_and_notifies_nothing(db_dsn, client,
+                                                                           listener):
+    client.pause("echo")
+    client.submit("echo")
+    received(listener)
+    with psycopg.connect(db_dsn) as app:
+        assert Client(app).resume("echo") is True
+        app.rollback()
+    assert received(listener) == []
+    assert [p["task_type"] for p in client.paused()] == ["echo"]
+
+
+def test_an_idle_worker_starts_a_resumed_types_tasks_at_once(client, conn, make_worker,
+                                                            config_for, db_dsn):
+    """The worker polls every 30 s: only the resume's notification, relayed here by hand as
+    the daemon's relay would, can start the task within the test's deadline."""
+    worker = make_worker(config_for(db_dsn, poll_interval=30.0), types=["record"])
+    states: list[str] = []
+    worker.on_title = states.append
+    client.pause("record")
+    add_task(conn, "r1", "record")
+    with psycopg.connect(db_dsn, autocommit=True) as relay:
+        relay.execute("LISTEN pgtaskd_tasks")
+        with looping(worker):
+            wait_until(lambda: "idle" in states, message="the worker to find nothing to claim")
+            client.resume("record")
+            (notice,) = list(relay.notifies(timeout=5, stop_after=1))
+            assert json.loads(notice.payload)["types"] == ["record"]
+            worker.on_wake()
+            wait_until(lambda: task_row(conn, "r1")["status"] == "COMPLETED", timeout=5,
+                       message="the resumed task to run")
+
+
+def test_health_leaves_a_paused_types_old_tasks_out_and_lists_it(client, conn):
+    conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) VALUES "
+                 "('old-echo', 'n', 'echo', now() - interval '1 hour'), "
+                 "('old-record', 'n', 'record', now() - interval '10 minutes'), "
+                 "('new-record', 'n', 'record', now())")
+    client.pause("echo")
+    health = store.queue_health(conn, max_pending_age=300, lease_grace=15)
+    assert (health["due_pending"], health["paused_due"], health["old_pending"]) == (2, 1, 1)
+    assert 600 <= health["oldest_pending_age"] < 700, "the record task's, not the paused one's"
+    assert health["paused_types"] == ["echo"]
+    client.pause("record")
+    health = store.queue_health(conn, max_pending_age=300, lease_grace=15)
+    assert (health["due_pending"], health["paused_due"], health["old_pending"]) == (0, 3, 0)
+    assert health["oldest_pending_age"] is None
+    assert health["paused_types"] == ["echo", "record"]
+    stats = client.stats()
+    assert (stats["due_pending"], stats["paused_due_pending"]) == (0, 3)
+    assert [(p["task_type"], p["due_pending"]) for p in stats["paused_types"]] == \
+        [("echo", 1), ("record", 2)]
+
+
+@pytest.mark.parametrize("call, task_type, message", [
+    ("pause", "", "task_type: must not be empty"),
+    ("pause", "t" * 10_000, "task_type: longer than 200 characters"),
+    ("pause", "a\nb", "task_type: must not contain control"),
+    ("pause", None, "task_type: must be a string"),
+    ("resume", "", "task_type: must not be empty"),
+    ("resume", 7, "task_type: must be a string"),
+])
+def test_bad_task_types_are_refused_before_anything_is_written(client, call, task_type,
+                                                               message):
+    with pytest.raises(UsageError, match=message):
+        getattr(client, call)(task_type)
+    assert client.paused() == []
+
+
+def test_a_long_paused_by_is_refused(client):
+    with pytest.raises(UsageError, match="paused_by: longer than 200"):
+        client.pause("echo", paused_by="x" * 201)
