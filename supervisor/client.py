@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from .config import DEFAULT_MAX_PAYLOAD_BYTES, Config, load_config
+from .config import DEFAULT_MAX_PAYLOAD_BYTES, INT32_MAX, INT32_MIN, Config, load_config
 from .db import store
 from .db.connect import connect, describe_target
 from .db.session import database_dsn
@@ -56,7 +56,6 @@ MAX_NAME_LENGTH = 1000
 # Far enough for any real schedule, near enough that now() + delay never leaves the range
 # of a timestamp.
 MAX_DELAY_SECONDS = 100 * 365 * 86400
-INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 
 class TaskNotFound(OperationalError):
