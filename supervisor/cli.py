@@ -32,6 +32,7 @@ EPILOG = textwrap.dedent("""\
       pgtaskd cancel ID...                               cancel pending or running tasks
       pgtaskd retry ID...                                run failed or cancelled tasks again
       pgtaskd stats --json                               queue counts, for scripts
+      pgtaskd schedules                                  periodic tasks: next and last runs
 
     Every command takes -c FILE (default: $PGTASKD_CONFIG) and --json. The database is
     database.dsn from the config, or $PGTASKD_DSN, or else the embedded PostgreSQL.
@@ -265,6 +266,15 @@ def _add_task_commands(commands) -> None:
         "waited and how many RUNNING tasks hold an expired lease (not yet returned by a "
         "reaper).",
         "pgtaskd stats\npgtaskd stats --json | jq .by_status.FAILED")
+
+    _command(
+        commands, "schedules", "list the periodic tasks of the config",
+        "List the schedules of the config: name, cron expression, time zone, task type, the "
+        "next run (the first instant after the database's clock) and the last run (the newest "
+        "instant any daemon enqueued, with its task's status now; '-' before the first run, "
+        "and a status of '-' once retention deleted the task). Times are in UTC.",
+        "pgtaskd schedules -c /etc/pgtaskd/pgtaskd.yaml\n"
+        "pgtaskd schedules --json | jq -r '.[] | select(.last_status == \"FAILED\") | .name'")
 
 
 def main(argv=None) -> int:
