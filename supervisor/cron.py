@@ -94,7 +94,9 @@ class Cron:
     timezone: str = "UTC"
 
     def __post_init__(self) -> None:
-        self._text, self.zone  # noqa: B018 - parsed now, so that a bad one fails here
+        # Read now, so that a bad expression or zone fails where the Cron is made.
+        check_expression(self.expression)
+        load_zone(self.timezone)
 
     @cached_property
     def _text(self) -> str:

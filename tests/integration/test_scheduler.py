@@ -15,6 +15,7 @@ import pytest
 from conftest import make_config, wait_until
 from supervisor import Client
 from supervisor.db import store
+from supervisor.errors import UsageError
 from supervisor.maintenance.scheduler import Scheduler
 from supervisor.schedules import ON_TIME_GRACE
 
@@ -321,7 +322,7 @@ def test_schedule_status_says_when_each_ran_and_runs_next(db_dsn, conn, schedule
         "last_status": "COMPLETED"}
     assert status["never"]["last_run"] is None and status["never"]["last_status"] is None
     assert status["never"]["next_run"].month == 1 and status["never"]["next_run"].day == 1
-    with Client(db_dsn) as client, pytest.raises(Exception, match="from_config"):
+    with Client(db_dsn) as client, pytest.raises(UsageError, match="from_config"):
         client.schedule_status()
 
 
