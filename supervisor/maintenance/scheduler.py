@@ -98,10 +98,10 @@ class Scheduler(PeriodicService):
         self._wait = MAX_WAIT if upcoming is None else min(
             MAX_WAIT, max(0.0, (upcoming - now).total_seconds()) + WAKE_LATE)
         created = [task_id for task_id in ids if task_id.created]
-        self.report(plans, set(created), upcoming)
+        self.report(plans, set(created))
         return created
 
-    def report(self, plans: list[Plan], created: set[str], upcoming: datetime | None) -> None:
+    def report(self, plans: list[Plan], created: set[str]) -> None:
         """Log what changed: a start, missed instants, each task this daemon created."""
         for plan in plans:
             name = plan.schedule.name
