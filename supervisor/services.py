@@ -1,8 +1,8 @@
 """The supervisor's start-up and its background services.
 
 Everything the supervisor does with the database runs here, on threads of its own: the
-lease keeper, the reaper, the health check, retention, the scheduler, the wake-up listener; plus the
-metrics archive and the HTTP endpoint. The arbiter's main loop only hands them work and reads
+lease keeper, the reaper, the health check, retention, the scheduler, the wake-up listener;
+plus the metrics archive and the HTTP endpoint. The arbiter's main loop only hands them work and reads
 what they report, so it never waits on the database. ``wait_for_database`` runs once,
 before the loop and before any child exists.
 """

@@ -113,7 +113,7 @@ class TestDaylightSaving:
         cron = Cron(expression, "America/New_York")
         runs = cron.newest(at("2026-03-06T12:00:00"), at("2026-03-10T12:00:00"))
         assert utc(runs) == ["2026-03-07T07:30:00",   # 02:30 EST
-                             "2026-03-08T07:00:00",   # 03:00 EDT: the first instant after 02:59:59 EST
+                             "2026-03-08T07:00:00",   # 03:00 EDT, the end of the gap
                              "2026-03-09T06:30:00",   # 02:30 EDT
                              "2026-03-10T06:30:00"]
         assert cron.next_after(at("2026-03-07T07:30:00")) == at("2026-03-08T07:00:00")
