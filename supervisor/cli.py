@@ -33,6 +33,7 @@ EPILOG = textwrap.dedent("""\
       pgtaskd retry ID...                                run failed or cancelled tasks again
       pgtaskd stats --json                               queue counts, for scripts
       pgtaskd pause TYPE... / pgtaskd resume TYPE...     stop / restart claims of a type
+      pgtaskd schedules                                  periodic tasks: next and last runs
 
     Every command takes -c FILE (default: $PGTASKD_CONFIG) and --json. The database is
     database.dsn from the config, or $PGTASKD_DSN, or else the embedded PostgreSQL.
@@ -295,6 +296,14 @@ def _add_task_commands(commands) -> None:
         "pgtaskd resume charge\n"
         "pgtaskd resume charge report --json")
     resume.add_argument("task_types", nargs="+", metavar="TYPE", help="task types to resume")
+    _command(
+        commands, "schedules", "list the periodic tasks of the config",
+        "List the schedules of the config: name, cron expression, time zone, task type, the "
+        "next run (the first instant after the database's clock) and the last run (the newest "
+        "instant any daemon enqueued, with its task's status now; '-' before the first run, "
+        "and a status of '-' once retention deleted the task). Times are in UTC.",
+        "pgtaskd schedules -c /etc/pgtaskd/pgtaskd.yaml\n"
+        "pgtaskd schedules --json | jq -r '.[] | select(.last_status == \"FAILED\") | .name'")
 
 
 def main(argv=None) -> int:

@@ -35,7 +35,8 @@ from typing import Any
 
 import psycopg
 
-from .config import DEFAULT_MAX_PAYLOAD_BYTES, Config, load_config
+from .config import (DEFAULT_MAX_PAYLOAD_BYTES, INT32_MAX, INT32_MIN, Config, ScheduleConfig,
+                     load_config)
 from .db import store
 from .db.connect import connect, describe_target
 from .db.session import database_dsn
@@ -60,7 +61,6 @@ MAX_PAUSED_BY_LENGTH = 200
 # Far enough for any real schedule, near enough that now() + delay never leaves the range
 # of a timestamp.
 MAX_DELAY_SECONDS = 100 * 365 * 86400
-INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 # A submit whose unique key was held when it inserted, by a task that finished before the
 # submit could look it up, inserts again: each round needs a holder to finish within
 # milliseconds, so a few rounds are plenty.
@@ -613,6 +613,38 @@ class Client:
                 "oldest_pending_age": summary["oldest_pending_age"],
                 "expired_leases": summary["expired_leases"],
                 "paused_due_pending": summary["paused_due"], "paused_types": pauses}
+
+    def schedule_status(self, schedules: Iterable[ScheduleConfig] | None = None
+                        ) -> list[dict[str, Any]]:
+        """Each schedule (by default, those of the config this client was made from) with
+        when it runs next and when it last ran, in config order.
+
+        ``{"name", "cron", "timezone", "task_type", "catch_up", "next_run", "last_run",
+        "last_task_id", "last_status"}``: ``next_run`` is the first instant after the
+        database's clock as this config defines the schedule (None if it has none within 50
+        years); ``last_run`` the newest instant any daemon enqueued, ``last_task_id`` its
+        task and ``last_status`` that task's status (None once it was deleted); the last three
+        are None for a schedule that never ran.
+        """
+        if schedules is None:
+            if self._config is None:
+                raise UsageError("schedule_status: give the schedules, or make the client "
+                                 "with Client.from_config()")
+            schedules = self._config.schedules
+        schedules = list(schedules)
+        with self._database() as conn:
+            now = store.database_now(conn)
+            runs = store.schedule_runs(conn, [s.name for s in schedules]) if schedules else {}
+        status = []
+        for schedule in schedules:
+            run = runs.get(schedule.name, {})
+            status.append({
+                "name": schedule.name, "cron": schedule.cron.expression,
+                "timezone": schedule.cron.timezone, "task_type": schedule.task_type,
+                "catch_up": schedule.catch_up, "next_run": schedule.cron.next_after(now),
+                "last_run": run.get("last_enqueued"), "last_task_id": run.get("last_task_id"),
+                "last_status": run.get("last_status")})
+        return status
 
     def _connection(self) -> psycopg.Connection:
         if not self._owns_connection:

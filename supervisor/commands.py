@@ -42,18 +42,26 @@ def cmd_check_config(args, config: Config) -> int:
     problems = import_handlers_in_subprocess(config)
     for problem in problems:
         print(f"config error: {problem}", file=sys.stderr)
+    warnings = config.warnings()
+    for warning in warnings:
+        print(f"config warning: {warning}", file=sys.stderr)
     if args.json:
-        print_json({"ok": False, "problems": problems} if problems else {
+        print_json({"ok": False, "problems": problems, "warnings": warnings} if problems else {
             "ok": True, "handlers": dict(config.handlers.types),
             "pools": {p.name: {"processes": p.processes, "task_types": list(p.task_types)}
                       for p in config.pools},
+            "schedules": {s.name: {"cron": s.cron.expression, "timezone": s.cron.timezone,
+                                   "task_type": s.task_type} for s in config.schedules},
+            "warnings": warnings,
             "database": redact_dsn(config.database.dsn)})
     if problems:
         return EXIT_USAGE
     if not args.json:
         types = ", ".join(sorted(config.handlers.types)) or "(none)"
         pools = ", ".join(f"{p.name}={p.processes}" for p in config.pools)
-        print(f"config ok: handlers [{types}], pools [{pools}], "
+        schedules = (f", schedules [{', '.join(s.name for s in config.schedules)}]"
+                     if config.schedules else "")
+        print(f"config ok: handlers [{types}], pools [{pools}]{schedules}, "
               f"database {redact_dsn(config.database.dsn)}")
     return EXIT_OK
 
@@ -383,6 +391,22 @@ def cmd_stats(args, config: Config) -> int:
             [[task_type, *(str(by_status[s]) for s in STATUSES), str(sum(by_status.values()))]
              for task_type, by_status in stats["by_type"].items()],
             right_aligned={*STATUSES, "TOTAL"}))
+    return EXIT_OK
+
+
+def cmd_schedules(args, config: Config) -> int:
+    with Client.from_config(config) as client:
+        schedules = client.schedule_status()
+    if args.json:
+        print_json(schedules)
+    elif not schedules:
+        print(f"(no schedules in {config.path or 'the config'})")
+    else:
+        print(render_table(
+            ["NAME", "CRON", "TIMEZONE", "TYPE", "NEXT RUN", "LAST RUN", "LAST STATUS"],
+            [[s["name"], s["cron"], s["timezone"], s["task_type"], human_time(s["next_run"]),
+              human_time(s["last_run"]),
+              (s["last_status"] or "-") if s["last_run"] else "-"] for s in schedules]))
     return EXIT_OK
 
 

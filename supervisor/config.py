@@ -11,12 +11,14 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
 from .config_file import check_size, parse_yaml, read_config_text
+from .cron import Cron, CronError, check_expression, load_zone
 from .db.redact import dsn_problem
-from .errors import ConfigError, quote
+from .errors import ConfigError, UsageError, quote
 
 CONFIG_ENV = "PGTASKD_CONFIG"
 DSN_ENV = "PGTASKD_DSN"
@@ -62,9 +64,22 @@ MAX_RETENTION_BATCH_SIZE = 100_000
 FINISHED_STATUSES = ("COMPLETED", "FAILED", "CANCELLED")
 # Each HTTP connection holds a descriptor in the supervisor, whose limit is often 1024.
 MAX_METRICS_CONNECTIONS = 512
+# What a schedule does with the instants that came due while no daemon enqueued them.
+CATCH_UP_POLICIES = ("all", "latest", "skip")
+DEFAULT_CATCH_UP = "latest"
+DEFAULT_MAX_CATCH_UP = 100
+# A catch-up enqueues its tasks in one statement; past this many, a schedule is a backfill,
+# which is a job for submit_many.
+MAX_CATCH_UP_LIMIT = 10_000
+DEFAULT_SCHEDULE_TIMEZONE = "UTC"
+# The range of PostgreSQL's INTEGER, which priority and max_retries are stored as.
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 _HANDLER_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _POOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+# A schedule's name is part of its tasks' ids (schedule:<name>:<instant>): no colon, and short
+# enough that every id stays within the client's 200 characters.
+_SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
 @dataclass(frozen=True)
@@ -214,6 +229,39 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class ScheduleConfig:
+    """A periodic task: one task of ``task_type`` for each instant ``cron`` names, whose id is
+    ``schedule:<name>:<the instant in UTC>``, so that every daemon may enqueue it and it
+    exists once."""
+
+    name: str
+    """Names the schedule's tasks and its state in the database; also the tasks' ``name``."""
+    cron: Cron
+    """When: a cron expression on the wall clock of its time zone (UTC unless given)."""
+    task_type: str
+    """The type of every task enqueued. A daemon with another config may be the one to run it."""
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    """Every task's payload, as written."""
+    priority: int = 0
+    max_retries: int = 3
+    catch_up: str = DEFAULT_CATCH_UP
+    """Instants that came due while no daemon enqueued them (all were down): ``all`` enqueues
+    them (the newest ``max_catch_up``), ``latest`` only the most recent one, ``skip`` none."""
+    max_catch_up: int = DEFAULT_MAX_CATCH_UP
+    """The most instants ``catch_up: all`` enqueues after an outage (the most recent ones)."""
+
+    def task_id(self, instant: datetime) -> str:
+        return schedule_task_id(self.name, instant)
+
+
+def schedule_task_id(name: str, instant: datetime) -> str:
+    """``schedule:<name>:<instant>``, the instant in UTC to the second (cron has no finer
+    resolution): the same text on every host, so each instant is one task however many
+    daemons enqueue it."""
+    return f"schedule:{name}:{instant.astimezone(timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path | None
     database: DatabaseConfig
@@ -231,12 +279,23 @@ class Config:
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    schedules: tuple[ScheduleConfig, ...] = ()
     source: str | None = field(default=None, compare=False, repr=False)
     """The text of the config file this was parsed from (None for built-in defaults)."""
 
     @property
     def handled_types(self) -> frozenset[str]:
         return frozenset(self.handlers.types)
+
+    def warnings(self) -> list[str]:
+        """What deserves a look but does not stop this config from loading (check-config
+        prints it). As for ``pgtaskd submit``, only a config that names handlers can say a
+        type has none: a config without any only enqueues."""
+        if not self.handlers.types:
+            return []
+        return [f"schedules.{s.name}.task_type: no handler for {quote(s.task_type)} under "
+                f"handlers.types; its tasks wait for a daemon whose config handles it"
+                for s in self.schedules if s.task_type not in self.handlers.types]
 
 
 class _Validator:
@@ -362,7 +421,7 @@ def _type_name(value: Any) -> str:
 
 _TOP_KEYS = {"database", "lease", "poll_interval", "retry", "handlers", "pools",
              "shutdown_timeout", "reload_timeout", "reaper", "health", "retention",
-             "metrics", "max_payload_bytes"}
+             "metrics", "max_payload_bytes", "schedules"}
 
 
 def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
@@ -419,6 +478,10 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     elif listen and not 0 <= int(listen.rpartition(":")[2]) <= 65535:
         v.problem("metrics.listen", f"port must be 0 to 65535, got {quote(listen)}")
 
+    max_payload_bytes = v.integer(tree, "max_payload_bytes", "", DEFAULT_MAX_PAYLOAD_BYTES,
+                                  minimum=2, maximum=MAX_PAYLOAD_LIMIT)
+    schedules = _parse_schedules(v, tree, max_payload_bytes)
+
     config = Config(
         path=path,
         database=database,
@@ -449,8 +512,8 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
             request_timeout=v.number(metrics_tree, "request_timeout", "metrics",
                                      DEFAULT_METRICS_REQUEST_TIMEOUT, maximum=300),
         ),
-        max_payload_bytes=v.integer(tree, "max_payload_bytes", "", DEFAULT_MAX_PAYLOAD_BYTES,
-                                    minimum=2, maximum=MAX_PAYLOAD_LIMIT),
+        max_payload_bytes=max_payload_bytes,
+        schedules=schedules,
         source=source,
     )
     if v.problems:
@@ -570,6 +633,112 @@ def _parse_pools(v: _Validator, tree: Mapping, handlers: HandlersConfig) -> tupl
         pools.append(PoolConfig(name, processes, chosen, batch_size,
                                 max_tasks_per_child=max_tasks, max_memory_mb=max_memory))
     return tuple(pools)
+
+
+# Every instant's id has the same length; this one stands for all of them.
+_ANY_INSTANT = datetime(2000, 1, 1, tzinfo=timezone.utc)
+_SCHEDULE_KEYS = {"cron", "timezone", "task_type", "payload", "priority", "max_retries",
+                  "catch_up", "max_catch_up"}
+
+
+def _parse_schedules(v: _Validator, tree: Mapping,
+                     max_payload_bytes: int) -> tuple[ScheduleConfig, ...]:
+    raw = tree.get("schedules")
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        v.problem("schedules", f"must be a mapping of schedule name to settings, "
+                               f"got {_type_name(raw)}")
+        return ()
+    schedules = []
+    for name, settings in raw.items():
+        where = f"schedules.{_key(name)}"
+        if not isinstance(name, str) or not _SCHEDULE_NAME.match(name):
+            v.problem(where, "a schedule name must be 1-100 letters, digits, '_', '-' or '.'")
+            continue
+        if not isinstance(settings, dict):
+            v.problem(where, f"must be a mapping with at least cron and task_type, "
+                             f"got {_type_name(settings)}")
+            continue
+        v.unknown(settings, where, _SCHEDULE_KEYS)
+        schedule = _parse_schedule(v, name, settings, where, max_payload_bytes)
+        if schedule is not None:
+            schedules.append(schedule)
+    return tuple(schedules)
+
+
+def _parse_schedule(v: _Validator, name: str, settings: Mapping, where: str,
+                    max_payload_bytes: int) -> ScheduleConfig | None:
+    before = len(v.problems)
+    cron = _parse_cron(v, settings, where)
+    task_type = settings.get("task_type")
+    if task_type is None:
+        v.problem(f"{where}.task_type", "is required: the type of the tasks to enqueue")
+    payload = settings.get("payload")
+    if payload is None:
+        payload = {}
+    elif not isinstance(payload, dict):
+        v.problem(f"{where}.payload", f"must be a mapping (a JSON object), "
+                                      f"got {_type_name(payload)}")
+    catch_up = settings.get("catch_up", DEFAULT_CATCH_UP)
+    if catch_up is None:
+        catch_up = DEFAULT_CATCH_UP
+    if catch_up not in CATCH_UP_POLICIES:
+        v.problem(f"{where}.catch_up", f"must be one of {', '.join(CATCH_UP_POLICIES)}, "
+                                       f"got {quote(catch_up)}")
+    schedule = dict(
+        name=name, cron=cron, task_type=task_type, payload=payload,
+        priority=v.integer(settings, "priority", where, 0, minimum=INT32_MIN, maximum=INT32_MAX),
+        max_retries=v.integer(settings, "max_retries", where, 3, minimum=0, maximum=INT32_MAX),
+        catch_up=catch_up,
+        max_catch_up=v.integer(settings, "max_catch_up", where, DEFAULT_MAX_CATCH_UP, minimum=1,
+                               maximum=MAX_CATCH_UP_LIMIT))
+    if task_type is not None and isinstance(payload, dict):
+        _check_schedule_task(v, schedule, where, max_payload_bytes)
+    if len(v.problems) > before:
+        return None
+    return ScheduleConfig(**schedule)
+
+
+def _check_schedule_task(v: _Validator, schedule: dict, where: str,
+                         max_payload_bytes: int) -> None:
+    """The tasks go in through the client's own checks at every instant: the same checks now
+    make a task type or a payload it would refuse a config problem, not a failing service."""
+    from .client import prepare_task  # imported here: the client imports this module
+
+    try:
+        prepare_task(schedule["task_type"], schedule["payload"], priority=schedule["priority"],
+                     max_retries=schedule["max_retries"], name=schedule["name"],
+                     task_id=schedule_task_id(schedule["name"], _ANY_INSTANT),
+                     max_payload_bytes=max_payload_bytes)
+    except UsageError as exc:
+        field_name, _, reason = str(exc).partition(": ")
+        if field_name in ("task_type", "payload"):
+            v.problem(f"{where}.{field_name}", reason)
+        else:
+            v.problem(where, str(exc))
+
+
+def _parse_cron(v: _Validator, settings: Mapping, where: str) -> Cron | None:
+    expression = settings.get("cron")
+    zone_name = settings.get("timezone")
+    if zone_name is None:
+        zone_name = DEFAULT_SCHEDULE_TIMEZONE
+    valid = True
+    try:
+        load_zone(zone_name)
+    except CronError as exc:
+        v.problem(f"{where}.timezone", str(exc))
+        valid = False
+    if expression is None:
+        v.problem(f"{where}.cron", "is required: a cron expression, like '30 2 * * *'")
+        return None
+    try:
+        check_expression(expression)
+    except CronError as exc:
+        v.problem(f"{where}.cron", f"{exc}, got {quote(expression)}")
+        return None
+    return Cron(expression, zone_name) if valid else None
 
 
 def resolve_config_path(explicit: str | os.PathLike | None,

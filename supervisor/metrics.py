@@ -54,6 +54,9 @@ CANCEL_KILLS = Counter("pgtaskd_cancel_kills",
                        _TASK)
 LEASES_REAPED = Counter("pgtaskd_leases_reaped", "Expired leases returned to PENDING or FAILED",
                         ("task_type", "status"))
+TASKS_SCHEDULED = Counter("pgtaskd_tasks_scheduled",
+                          "Tasks a schedule enqueued (those this daemon inserted first)",
+                          ("schedule",))
 TASKS_DELETED = Counter("pgtaskd_tasks_deleted", "Finished tasks deleted by retention",
                         ("status",))
 HTTP_CONNECTIONS_DROPPED = Counter(

@@ -1,8 +1,8 @@
 """The supervisor's start-up and its background services.
 
 Everything the supervisor does with the database runs here, on threads of its own: the
-lease keeper, the reaper, the health check, retention, the wake-up listener; plus the
-metrics archive and the HTTP endpoint. The arbiter's main loop only hands them work and reads
+lease keeper, the reaper, the health check, retention, the scheduler, the wake-up listener;
+plus the metrics archive and the HTTP endpoint. The arbiter's main loop only hands them work and reads
 what they report, so it never waits on the database. ``wait_for_database`` runs once,
 before the loop and before any child exists.
 """
@@ -103,6 +103,7 @@ class Services:
         self.keeper = None
         self.relay = None
         self.retention = None
+        self.scheduler = None
         self.health = None
         self.metrics_archive = None
         self.http = None
@@ -116,6 +117,7 @@ class Services:
         from .maintenance.metrics_archive import MetricsArchive
         from .maintenance.reaper import LeaseReaper
         from .maintenance.retention import RetentionService
+        from .maintenance.scheduler import Scheduler
         from .wakeups import WakeRelay
 
         config, dsn = self.config, self.dsn
@@ -135,7 +137,12 @@ class Services:
                                     connect_timeout=timeout, pooled=pooled)
         self.retention = RetentionService(dsn, policy=config.retention, connect_timeout=timeout,
                                           on_deleted=count_deleted, pooled=pooled)
-        self._threads = [self.keeper, reaper, self.health, self.retention]
+        self.scheduler = Scheduler(dsn, schedules=config.schedules,
+                                   handled_types=config.handled_types,
+                                   max_payload_bytes=config.max_payload_bytes,
+                                   connect_timeout=timeout, pooled=pooled,
+                                   on_enqueued=count_scheduled)
+        self._threads = [self.keeper, reaper, self.health, self.retention, self.scheduler]
         listen_dsn = config.database.listen_dsn or (None if pooled else dsn)
         if config.database.listen and listen_dsn:
             self.relay = WakeRelay(listen_dsn, children=self.children, connect_timeout=timeout,
@@ -173,6 +180,7 @@ class Services:
         self.keeper.retry = config.retry
         self.retention.policy = config.retention
         self.retention.interval = config.retention.interval
+        self.scheduler.apply(config.schedules, config.handled_types, config.max_payload_bytes)
 
     def stop(self) -> None:
         if self.http:
@@ -195,3 +203,9 @@ def count_deleted(status: str, count: int) -> None:
     from . import metrics
 
     metrics.TASKS_DELETED.labels(status).inc(count)
+
+
+def count_scheduled(schedule: str, count: int) -> None:
+    from . import metrics
+
+    metrics.TASKS_SCHEDULED.labels(schedule).inc(count)

@@ -560,3 +560,48 @@ ORDER BY task_type, status;
 SELECT n.nspname AS schema
 FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
 WHERE c.oid = 'tasks'::regclass;
+
+-- name: database_now
+-- The database's clock: what a scheduler pass counts due instants against, so that every
+-- daemon, on any host, agrees on what is due.
+SELECT now() AS now;
+
+-- name: lock_schedule_states
+-- The state of these schedules, locked until the pass that read it commits: passes of other
+-- daemons over the same schedules wait (in name order, so never in a cycle) and then see what
+-- this one enqueued. A schedule without a row yet is not locked: two first passes may run at
+-- once, and their tasks' ids and save_schedule_states make that harmless.
+SELECT name, cron, timezone, through, last_enqueued
+FROM pgtaskd_schedule_state
+WHERE name = ANY(%(names)s::text[])
+ORDER BY name
+FOR UPDATE;
+
+-- name: save_schedule_states
+-- Record what a pass handled, in the transaction that inserted its tasks. "through" only
+-- moves forward for the same cron and time zone (two daemons' passes in either order leave
+-- the later instant); a different expression replaces it, as a fresh start.
+INSERT INTO pgtaskd_schedule_state AS s
+    (name, cron, timezone, through, last_enqueued, last_task_id)
+SELECT * FROM unnest(%(names)s::text[], %(crons)s::text[], %(timezones)s::text[],
+                     %(throughs)s::timestamptz[], %(last_enqueued)s::timestamptz[],
+                     %(last_task_ids)s::text[])
+ON CONFLICT (name) DO UPDATE SET
+    through = CASE WHEN (s.cron, s.timezone) = (EXCLUDED.cron, EXCLUDED.timezone)
+                   THEN greatest(s.through, EXCLUDED.through)
+                   ELSE EXCLUDED.through END,
+    cron = EXCLUDED.cron,
+    timezone = EXCLUDED.timezone,
+    last_task_id = CASE WHEN EXCLUDED.last_enqueued >= s.last_enqueued
+                             OR s.last_enqueued IS NULL AND EXCLUDED.last_enqueued IS NOT NULL
+                        THEN EXCLUDED.last_task_id ELSE s.last_task_id END,
+    last_enqueued = greatest(s.last_enqueued, EXCLUDED.last_enqueued),
+    updated_at = now();
+
+-- name: schedule_runs
+-- For `pgtaskd schedules`: the newest instant any daemon enqueued for each of these
+-- schedules, and that task's status now (NULL once it was deleted).
+SELECT s.name, s.last_enqueued, s.last_task_id, t.status AS last_status
+FROM pgtaskd_schedule_state AS s
+LEFT JOIN tasks AS t ON t.id = s.last_task_id
+WHERE s.name = ANY(%(names)s::text[]);

@@ -366,3 +366,32 @@ def count_by_type_and_status(conn) -> list[dict]:
 def tasks_schema(conn) -> str:
     """The schema of the ``tasks`` table this connection uses."""
     return _one(conn, "tasks_schema", {})["schema"]
+
+
+def database_now(conn) -> datetime:
+    """The database's clock (the transaction's start, inside a transaction)."""
+    return _one(conn, "database_now", {})["now"]
+
+
+def lock_schedule_states(conn, names: Sequence[str]) -> dict[str, dict]:
+    """Schedule name -> {cron, timezone, through, last_enqueued} of those that have a row,
+    each locked until the caller's transaction ends."""
+    return {row["name"]: row for row in _all(conn, "lock_schedule_states", {"names": list(names)})}
+
+
+def save_schedule_states(conn, states: Sequence[dict]) -> None:
+    """Upsert rows of {name, cron, timezone, through, last_enqueued, last_task_id}."""
+    if not states:
+        return
+    with conn.cursor() as cur:
+        cur.execute(QUERIES["save_schedule_states"], {
+            "names": [s["name"] for s in states], "crons": [s["cron"] for s in states],
+            "timezones": [s["timezone"] for s in states],
+            "throughs": [s["through"] for s in states],
+            "last_enqueued": [s["last_enqueued"] for s in states],
+            "last_task_ids": [s["last_task_id"] for s in states]})
+
+
+def schedule_runs(conn, names: Sequence[str]) -> dict[str, dict]:
+    """Schedule name -> {last_enqueued, last_task_id, last_status} of those with a row."""
+    return {row["name"]: row for row in _all(conn, "schedule_runs", {"names": list(names)})}

@@ -1,5 +1,7 @@
 """A periodic background service: ``run_once()`` every ``interval`` seconds in its own thread,
-with its own database connection, reopened after any failure."""
+with its own database connection, reopened after any failure. A service whose next pass is
+due sooner (the scheduler, at its next instant) says so in ``next_wait()``; ``wake()`` runs a
+pass at once (after a reload changed what the service does)."""
 
 from __future__ import annotations
 
@@ -28,13 +30,24 @@ class PeriodicService(threading.Thread):
         self.interval = interval
         self.connect_timeout = connect_timeout
         self._stop_event = threading.Event()
+        # Set by stop() and wake(): the wait between passes ends early for either.
+        self._wake_event = threading.Event()
         self._conn = LazyConnection(dsn, connect_timeout=connect_timeout,
                                     application_name=f"pgtaskd {self.name_prefix}", pooled=pooled)
         self._failing = False
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop_event.set()
+        self._wake_event.set()
         self.join(timeout)
+
+    def wake(self) -> None:
+        """Run the next pass now rather than at the end of the wait."""
+        self._wake_event.set()
+
+    def next_wait(self) -> float:
+        """Seconds from the end of one pass to the start of the next."""
+        return self.interval
 
     def connection(self) -> psycopg.Connection:
         return self._conn.get()
@@ -45,7 +58,8 @@ class PeriodicService(threading.Thread):
     def run(self) -> None:
         while not self._stop_event.is_set():
             self.tick()
-            self._stop_event.wait(self.interval)
+            self._wake_event.wait(self.next_wait())
+            self._wake_event.clear()
         self._close()
 
     def tick(self) -> None:

@@ -28,7 +28,7 @@ from supervisor.cli import parse_duration
 from supervisor.client import STATUSES
 
 COMMANDS = ["submit", "cancel", "retry", "show", "list", "stats", "migrate", "check-config",
-            "pause", "resume"]
+            "pause", "resume", "schedules"]
 COLUMNS = ["id", "name", "task_type", "payload", "priority", "scheduled_time", "status",
            "retry_count", "max_retries", "created_at", "updated_at", "claimed_by", "lease_until",
            "error_message", "lease_token", "attempts", "started_at", "finished_at",
@@ -454,6 +454,74 @@ def test_help_explains_every_command_with_an_example():
     list_help = pgtaskd("list", "--help", dsn=None).stdout
     for option in ("--status", "--type", "--limit"):
         assert option in list_help
+
+
+SCHEDULES = {
+    "nightly-report": {"cron": "30 2 * * *", "timezone": "America/New_York",
+                       "task_type": "echo", "catch_up": "all"},
+    "heartbeat": {"cron": "*/10 * * * * *", "task_type": "echo"},
+}
+
+
+def test_schedules_lists_each_schedule_with_its_next_run(tmp_path, shared_dsn, shared_conn):
+    config = write_config(tmp_path, schedules=SCHEDULES)
+    result = pgtaskd("schedules", "-c", config, dsn=shared_dsn)
+    assert result.returncode == 0, result.stderr
+    # In the file's order (write_config's YAML sorts the keys).
+    header, heartbeat, nightly = result.stdout.splitlines()
+    assert header.split() == ["NAME", "CRON", "TIMEZONE", "TYPE", "NEXT", "RUN", "LAST", "RUN",
+                              "LAST", "STATUS"]
+    assert nightly.split()[:7] == ["nightly-report", "30", "2", "*", "*", "*",
+                                   "America/New_York"]
+    # Never ran: no last run, no status.
+    assert nightly.split()[-2:] == ["-", "-"] and heartbeat.split()[-2:] == ["-", "-"]
+    now = shared_conn.execute("SELECT now()").fetchone()[0]
+
+    listed = json.loads(pgtaskd("schedules", "-c", config, "--json", dsn=shared_dsn).stdout)
+    assert [s["name"] for s in listed] == ["heartbeat", "nightly-report"]
+    beat = listed[0]
+    next_run = datetime.fromisoformat(beat["next_run"])
+    assert now < next_run <= now + timedelta(seconds=11) and next_run.second % 10 == 0
+    assert (beat["cron"], beat["timezone"], beat["catch_up"], beat["last_run"],
+            beat["last_status"]) == ("*/10 * * * * *", "UTC", "latest", None, None)
+    # 02:30 in New York is 06:30 or 07:30 UTC, or 07:00 on the spring-forward night.
+    assert datetime.fromisoformat(listed[1]["next_run"]).strftime("%H:%M") in (
+        "06:30", "07:30", "07:00")
+
+
+def test_schedules_without_any_says_so(tmp_path, shared_dsn):
+    result = pgtaskd("schedules", "-c", write_config(tmp_path), dsn=shared_dsn)
+    assert result.returncode == 0 and result.stdout.startswith("(no schedules in ")
+    assert json.loads(pgtaskd("schedules", "-c", write_config(tmp_path), "--json",
+                              dsn=shared_dsn).stdout) == []
+
+
+def test_a_bad_schedule_is_one_line_per_problem_and_exit_2(tmp_path, shared_dsn):
+    config = write_config(tmp_path, schedules={
+        "a": {"cron": "61 * * * *", "task_type": "echo"},
+        "b": {"cron": "@daily", "task_type": "echo", "timezone": "Europe/Atlantis"}})
+    result = pgtaskd("schedules", "-c", config, dsn=shared_dsn)
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    first, second = result.stderr.splitlines()
+    assert first.endswith("schedules.a.cron: not a cron expression: bad minute field, "
+                          "got '61 * * * *'")
+    assert "schedules.b.timezone: unknown time zone 'Europe/Atlantis'" in second
+
+
+def test_check_config_warns_of_a_scheduled_type_without_a_handler(tmp_path):
+    config = write_config(tmp_path, schedules={
+        "resize": {"cron": "@hourly", "task_type": "resize"}})
+    result = pgtaskd("check-config", "-c", config, dsn=None)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ("config warning: schedules.resize.task_type: no handler for "
+                             "'resize' under handlers.types; its tasks wait for a daemon whose "
+                             "config handles it\n")
+    assert result.stdout.startswith("config ok: handlers [echo], pools [default=1], "
+                                    "schedules [resize], ")
+    report = json.loads(pgtaskd("check-config", "-c", config, "--json", dsn=None).stdout)
+    assert report["schedules"] == {"resize": {"cron": "@hourly", "timezone": "UTC",
+                                              "task_type": "resize"}}
+    assert len(report["warnings"]) == 1
 
 
 @pytest.fixture

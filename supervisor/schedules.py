@@ -1,0 +1,115 @@
+"""What one pass of the scheduler enqueues for a schedule: the instants due, and catch-up.
+
+Nothing here reads a clock: ``now`` is the database's, read by the caller, so tests pass the
+instants they want instead of waiting for them.
+
+Each schedule has one row of state in the database, shared by every daemon: ``through``, the
+instant up to which its instants were handled. A pass at ``now`` looks at the instants in
+(through, now]:
+
+- Those at most ON_TIME_GRACE old are on time, and always enqueued. The scheduler wakes at
+  each instant, so on a running daemon every instant is on time, even when a slow database
+  held a pass up for a few seconds.
+- Older ones were missed: every daemon was down, or none could reach the database. The
+  schedule's ``catch_up`` decides: ``all`` enqueues them, oldest first, but at most the newest
+  ``max_catch_up``; ``latest`` only the most recent one; ``skip`` none.
+
+Every instant passed over still moves ``through``, so it is never considered again. A
+schedule seen for the first time, or whose cron or time zone differ from the ones its state
+was written with, starts afresh: nothing before it counts as missed, so a changed schedule
+never catches up on instants of an expression that was not in force.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Iterable
+
+from .config import ScheduleConfig
+
+# A pass is late by a database round trip, or by the statement deadline when the database
+# is slow; an outage longer than this is downtime, whose instants the catch-up policy handles.
+ON_TIME_GRACE = timedelta(seconds=10)
+
+
+@dataclass(frozen=True)
+class ScheduleState:
+    """A schedule's row in pgtaskd_schedule_state."""
+
+    cron: str
+    timezone: str
+    """The expression and zone ``through`` was reached with."""
+    through: datetime
+    """Every instant up to this one was handled: enqueued, or passed over by catch-up."""
+    last_enqueued: datetime | None = None
+    """The newest instant enqueued, by any daemon; None before the first."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a pass does for one schedule."""
+
+    schedule: ScheduleConfig
+    instants: tuple[datetime, ...]
+    """To enqueue, oldest first: the missed ones the policy keeps, then the on-time ones."""
+    through: datetime
+    """The state's new ``through``: the newest instant of the window, or the old value."""
+    started: bool
+    """No state yet, or it was written for another cron or time zone."""
+    missed: int
+    """How many instants were missed, counted only as far as the policy needs (at most
+    max_catch_up + 1 for ``all``, 2 for ``latest``, 1 for ``skip``)."""
+    caught_up: int
+    """How many of the missed instants are among ``instants``."""
+    save: bool
+    """The state must be written: a new start, or ``through`` moved."""
+
+    def tasks(self) -> list[dict[str, Any]]:
+        """The instants as ``Client.submit_many`` arguments: each task is due at its instant."""
+        schedule = self.schedule
+        return [{"task_type": schedule.task_type, "payload": schedule.payload,
+                 "priority": schedule.priority, "max_retries": schedule.max_retries,
+                 "name": schedule.name, "task_id": schedule.task_id(instant),
+                 "run_at": instant} for instant in self.instants]
+
+    def state(self) -> ScheduleState:
+        """The state to write once the tasks are in."""
+        cron = self.schedule.cron
+        return ScheduleState(cron.expression, cron.timezone, self.through,
+                             self.instants[-1] if self.instants else None)
+
+
+def plan_pass(schedule: ScheduleConfig, state: ScheduleState | None, now: datetime, *,
+              grace: timedelta = ON_TIME_GRACE) -> Plan:
+    """The instants of ``schedule`` to enqueue at ``now``, given its state in the database."""
+    cron = schedule.cron
+    started = state is None or (state.cron, state.timezone) != (cron.expression, cron.timezone)
+    through = now - grace if started else state.through
+    cutoff = now - grace
+    on_time = cron.newest(max(through, cutoff), now)
+    missed = cron.newest(through, cutoff, _needed(schedule)) if through < cutoff else []
+    if schedule.catch_up == "all":
+        kept = missed[-schedule.max_catch_up:]
+    elif schedule.catch_up == "latest":
+        kept = missed[-1:]
+    else:
+        kept = []
+    window = missed + on_time
+    new_through = window[-1] if window else through
+    return Plan(schedule=schedule, instants=tuple(kept + on_time), through=new_through,
+                started=started, missed=len(missed), caught_up=len(kept),
+                save=started or new_through != through)
+
+
+def _needed(schedule: ScheduleConfig) -> int:
+    """How many of the newest missed instants the policy must see: one more than it keeps,
+    to know whether it left some out."""
+    return {"all": schedule.max_catch_up, "latest": 1, "skip": 0}[schedule.catch_up] + 1
+
+
+def next_instant(schedules: Iterable[ScheduleConfig], now: datetime) -> datetime | None:
+    """The earliest instant after ``now`` of any of these schedules; None if none has one."""
+    upcoming = [instant for schedule in schedules
+                if (instant := schedule.cron.next_after(now)) is not None]
+    return min(upcoming, default=None)

@@ -1,0 +1,338 @@
+"""The scheduler on a real PostgreSQL: one task per instant however many daemons enqueue it,
+catch-up after downtime, reloads, and the state that outlives deleted tasks.
+
+Passes are given their ``now`` (the database's clock cannot be moved), so a test walks a
+schedule through hours or years in milliseconds; one test runs the thread in real time.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from conftest import make_config, wait_until
+from supervisor import Client
+from supervisor.db import store
+from supervisor.errors import UsageError
+from supervisor.maintenance.scheduler import Scheduler
+from supervisor.schedules import ON_TIME_GRACE
+
+pytest_plugins = ["worker_fixtures"]
+
+UTC = timezone.utc
+SECOND = timedelta(seconds=1)
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def schedules(dsn: str, **definitions):
+    """ScheduleConfigs, read from YAML-shaped definitions the way the daemon reads them."""
+    return make_config(dsn, schedules=definitions).schedules
+
+
+def scheduled(conn, name: str | None = None) -> dict[str, dict]:
+    """Task id -> row of every scheduled task (of one schedule), oldest instant first."""
+    rows = conn.execute(
+        "SELECT id, name, task_type, payload, priority, max_retries, status, scheduled_time "
+        "FROM tasks WHERE id LIKE %s ORDER BY scheduled_time",
+        (f"schedule:{name or ''}%",)).fetchall()
+    return {row[0]: dict(zip(("id", "name", "task_type", "payload", "priority", "max_retries",
+                              "status", "scheduled_time"), row)) for row in rows}
+
+
+def state_of(conn, name: str) -> dict | None:
+    with conn.transaction():
+        return store.lock_schedule_states(conn, [name]).get(name)
+
+
+@pytest.fixture
+def scheduler(db_dsn):
+    """Build Schedulers (each a "daemon") on the test database; threads stopped afterwards."""
+    built: list[Scheduler] = []
+
+    def build(*configured, **kwargs) -> Scheduler:
+        service = Scheduler(db_dsn, schedules=configured, max_payload_bytes=1 << 20, **kwargs)
+        built.append(service)
+        return service
+
+    yield build
+    for service in built:
+        if service.is_alive():
+            service.stop(timeout=10)
+        service._close()
+
+
+# -- what a pass writes ---------------------------------------------------------------------
+
+
+def test_an_instant_becomes_one_task_due_at_it_and_named_by_it(db_dsn, conn, scheduler):
+    (report,) = schedules(db_dsn, report={"cron": "0 * * * *", "task_type": "record",
+                                          "payload": {"kind": "sales"}, "priority": 7,
+                                          "max_retries": 1})
+    service = scheduler(report)
+    assert service.run_once(now=at("2026-01-01T10:30:00")) == []  # a start: nothing due
+    created = service.run_once(now=at("2026-01-01T11:00:00.3"))
+
+    assert created == ["schedule:report:2026-01-01T11:00:00Z"] and created[0].created
+    assert list(scheduled(conn).values()) == [{
+        "id": "schedule:report:2026-01-01T11:00:00Z", "name": "report", "task_type": "record",
+        "payload": {"kind": "sales"}, "priority": 7, "max_retries": 1, "status": "PENDING",
+        "scheduled_time": at("2026-01-01T11:00:00")}]
+    state = state_of(conn, "report")
+    assert (state["cron"], state["timezone"], state["through"], state["last_enqueued"]) == (
+        "0 * * * *", "UTC", at("2026-01-01T11:00:00"), at("2026-01-01T11:00:00"))
+
+
+def test_a_pass_without_now_counts_on_the_databases_clock(db_dsn, conn, scheduler):
+    (tick,) = schedules(db_dsn, tick={"cron": "* * * * * *", "task_type": "echo"})
+    created = scheduler(tick).run_once()
+    database_now = conn.execute("SELECT now()").fetchone()[0]
+    # A start enqueues the seconds of the grace, the last at most the pass's own now.
+    assert 1 <= len(created) <= ON_TIME_GRACE.total_seconds() + 1
+    instants = [row["scheduled_time"] for row in scheduled(conn).values()]
+    assert database_now - ON_TIME_GRACE - SECOND <= instants[0] and instants[-1] <= database_now
+
+
+def test_an_instant_someone_enqueued_already_is_left_as_it_is(db_dsn, conn, scheduler):
+    (report,) = schedules(db_dsn, report={"cron": "0 * * * *", "task_type": "echo"})
+    service = scheduler(report)
+    service.run_once(now=at("2026-01-01T10:30:00"))
+    conn.execute("INSERT INTO tasks (id, name, task_type, status) VALUES "
+                 "('schedule:report:2026-01-01T11:00:00Z', 'by hand', 'echo', 'CANCELLED')")
+
+    assert service.run_once(now=at("2026-01-01T11:00:00")) == []
+
+    row = scheduled(conn)["schedule:report:2026-01-01T11:00:00Z"]
+    assert (row["name"], row["status"]) == ("by hand", "CANCELLED")
+    assert state_of(conn, "report")["through"] == at("2026-01-01T11:00:00")
+
+
+# -- many daemons ---------------------------------------------------------------------------
+
+
+def test_two_daemons_enqueueing_the_same_windows_at_once_make_one_task_per_instant(
+        db_dsn, conn, scheduler):
+    """Two schedulers pass over the same instants at the same moments, from a start with no
+    state (nothing to lock: both insert every task, and ON CONFLICT keeps one) through a
+    minute of passes, some of them late."""
+    defined = schedules(db_dsn,
+                        seconds={"cron": "* * * * * *", "task_type": "echo", "catch_up": "all"},
+                        fives={"cron": "*/5 * * * * *", "task_type": "echo"},
+                        minutes={"cron": "* * * * *", "task_type": "echo", "catch_up": "skip"})
+    daemons = [scheduler(*defined), scheduler(*defined)]
+    start = at("2026-01-01T10:00:00")
+    # Irregular passes, as timers and slow statements make them; both daemons make each.
+    nows = [start + timedelta(seconds=s) for s in
+            (0, 0.5, 1, 1.01, 4, 4.7, 5, 9, 13, 13, 14.2, 20, 21, 33, 47, 60, 60.5, 61, 70)]
+    created: list[list[str]] = [[], []]
+    errors: list[BaseException] = []
+
+    for now in nows:
+        barrier = threading.Barrier(2)
+
+        def run(index: int, now=now, barrier=barrier) -> None:
+            try:
+                barrier.wait(10)
+                created[index] += daemons[index].run_once(now=now)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    assert errors == []
+
+    ids = list(scheduled(conn))
+    # Every instant in the window of the first pass (its grace) through the last, once.
+    first = start - ON_TIME_GRACE
+    expected = {f"schedule:seconds:{first + SECOND * s:%Y-%m-%dT%H:%M:%SZ}"
+                for s in range(1, 81)}
+    expected |= {f"schedule:fives:{first + SECOND * s:%Y-%m-%dT%H:%M:%SZ}"
+                 for s in range(5, 81, 5)}
+    expected |= {"schedule:minutes:2026-01-01T10:00:00Z", "schedule:minutes:2026-01-01T10:01:00Z"}
+    assert sorted(ids) == sorted(expected)
+    # Each task was created by exactly one of the two.
+    assert sorted(created[0] + created[1]) == sorted(expected)
+
+
+@pytest.mark.parametrize("policy, expected", [
+    ("latest", ["15:00"]),
+    ("all", ["11:00", "12:00", "13:00", "14:00", "15:00"]),
+    ("skip", []),
+])
+def test_after_downtime_the_missed_instants_follow_the_policy(db_dsn, conn, scheduler, events,
+                                                              policy, expected):
+    (hourly,) = schedules(db_dsn, hourly={"cron": "0 * * * *", "task_type": "echo",
+                                          "catch_up": policy})
+    scheduler(hourly).run_once(now=at("2026-01-01T10:00:00"))
+    assert list(scheduled(conn)) == ["schedule:hourly:2026-01-01T10:00:00Z"]
+
+    # Every daemon was down from 10:00:30 to 15:20. The next daemon up is another one.
+    scheduler(hourly).run_once(now=at("2026-01-01T15:20:00"))
+
+    assert [i[-9:-4] for i in scheduled(conn)][1:] == expected
+    assert state_of(conn, "hourly")["through"] == at("2026-01-01T15:00:00")
+    (missed,) = events.of("schedule_missed")
+    assert (missed["schedule"], missed["catch_up"], missed["caught_up"]) == (
+        "hourly", policy, len(expected))
+
+
+def test_all_catches_up_at_most_max_catch_up_of_a_long_outage(db_dsn, conn, scheduler):
+    (tick,) = schedules(db_dsn, tick={"cron": "* * * * * *", "task_type": "echo",
+                                      "catch_up": "all", "max_catch_up": 5})
+    scheduler(tick).run_once(now=at("2026-01-01T00:00:00"))
+    before = len(scheduled(conn))
+    scheduler(tick).run_once(now=at("2027-01-01T00:00:00"))  # a year of seconds missed
+
+    ids = list(scheduled(conn))[before:]
+    assert len(ids) == 5 + ON_TIME_GRACE.total_seconds()
+    assert ids[0] == "schedule:tick:2026-12-31T23:59:46Z"
+    assert ids[-1] == "schedule:tick:2027-01-01T00:00:00Z"
+
+
+def test_what_was_enqueued_is_remembered_after_its_task_is_deleted(db_dsn, conn, scheduler):
+    """Retention deletes finished tasks; the state still says the instant was handled, so a
+    restart does not run it again."""
+    (daily,) = schedules(db_dsn, daily={"cron": "0 3 * * *", "task_type": "echo",
+                                        "catch_up": "latest"})
+    scheduler(daily).run_once(now=at("2026-01-01T02:00:00"))
+    scheduler(daily).run_once(now=at("2026-01-01T03:00:00"))
+    conn.execute("DELETE FROM tasks")
+
+    # Restarted at 04:00 the same day: 03:00 ran already, nothing was missed.
+    assert scheduler(daily).run_once(now=at("2026-01-01T04:00:00")) == []
+    assert scheduled(conn) == {}
+
+
+def test_a_spring_forward_night_enqueues_the_skipped_time_once(db_dsn, conn, scheduler):
+    (nightly,) = schedules(db_dsn, nightly={"cron": "30 2 * * *", "task_type": "echo",
+                                            "timezone": "America/New_York",
+                                            "catch_up": "all"})
+    service = scheduler(nightly)
+    service.run_once(now=at("2026-03-06T12:00:00"))
+    for hour in range(0, 72, 1):  # a pass every hour for three days
+        service.run_once(now=at("2026-03-06T12:00:00") + timedelta(hours=hour))
+    assert list(scheduled(conn)) == ["schedule:nightly:2026-03-07T07:30:00Z",
+                                     "schedule:nightly:2026-03-08T07:00:00Z",
+                                     "schedule:nightly:2026-03-09T06:30:00Z"]
+
+
+# -- reloads --------------------------------------------------------------------------------
+
+
+def test_a_removed_schedule_stops_and_its_tasks_stay(db_dsn, conn, scheduler, events):
+    kept, removed = schedules(db_dsn, kept={"cron": "0 * * * *", "task_type": "echo"},
+                              removed={"cron": "30 * * * *", "task_type": "echo"})
+    service = scheduler(kept, removed)
+    service.run_once(now=at("2026-01-01T10:00:00"))
+    service.run_once(now=at("2026-01-01T10:30:00"))
+
+    service.apply([kept], frozenset(), 1 << 20)
+    service.run_once(now=at("2026-01-01T11:00:00"))
+    service.run_once(now=at("2026-01-01T11:30:00"))
+
+    assert list(scheduled(conn)) == ["schedule:kept:2026-01-01T10:00:00Z",
+                                     "schedule:removed:2026-01-01T10:30:00Z",
+                                     "schedule:kept:2026-01-01T11:00:00Z"]
+    assert events.of("schedules_applied")[0]["schedules"] == ["kept"]
+
+
+def test_a_changed_cron_takes_effect_at_once_without_catching_up(db_dsn, conn, scheduler):
+    (before,) = schedules(db_dsn, s={"cron": "0 3 * * *", "task_type": "echo",
+                                     "catch_up": "all"})
+    (after,) = schedules(db_dsn, s={"cron": "*/15 * * * *", "task_type": "echo",
+                                    "catch_up": "all"})
+    service = scheduler(before)
+    service.run_once(now=at("2026-01-01T03:00:00"))
+
+    service.apply([after], frozenset(), 1 << 20)
+    # The new expression's instants since 03:00 were never in force: none is caught up.
+    assert service.run_once(now=at("2026-01-01T12:05:00")) == []
+    assert service.run_once(now=at("2026-01-01T12:15:00")) == ["schedule:s:2026-01-01T12:15:00Z"]
+    assert state_of(conn, "s")["cron"] == "*/15 * * * *"
+
+
+def test_a_daemon_without_schedules_never_connects(db_dsn, conn, scheduler):
+    service = scheduler()
+    service.tick()
+    assert service._conn._conn is None
+    assert service.next_wait() == 60.0
+
+
+def test_the_thread_enqueues_at_each_instant_and_a_reload_wakes_it(db_dsn, conn, scheduler,
+                                                                   events):
+    """Real time: a schedule every second; then a reload removes it and adds another."""
+    tick, tock = schedules(db_dsn, tick={"cron": "* * * * * *", "task_type": "echo"},
+                           tock={"cron": "* * * * * *", "task_type": "echo"})
+    counted: list[tuple[str, int]] = []
+    service = scheduler(tick, on_enqueued=lambda name, n: counted.append((name, n)))
+    service.start()
+    wait_until(lambda: len(scheduled(conn, "tick")) >= 3, timeout=15,
+               message="three instants of tick")
+
+    service.apply([tock], frozenset(), 1 << 20)
+    # The reload's pass comes at once, not at the end of a wait.
+    wait_until(lambda: events.of("schedules_applied") and scheduled(conn, "tock"), timeout=5,
+               message="tock's first task")
+    applied_at = conn.execute("SELECT now()").fetchone()[0]
+    wait_until(lambda: any(row["scheduled_time"] >= applied_at + 2 * SECOND
+                           for row in scheduled(conn, "tock").values()), timeout=15,
+               message="tock two seconds after the reload")
+    service.stop(timeout=10)
+
+    ticks = [row["scheduled_time"] for row in scheduled(conn, "tick").values()]
+    # A pass that began before the reload may finish with an instant at most a second late.
+    assert max(ticks) <= applied_at + SECOND
+    # One second apart, none missing.
+    assert all(b - a == SECOND for a, b in zip(ticks, ticks[1:]))
+    assert sum(n for name, n in counted if name == "tick") == len(ticks)
+
+
+# -- the client ------------------------------------------------------------------------------
+
+
+def test_schedule_status_says_when_each_ran_and_runs_next(db_dsn, conn, scheduler):
+    daily, hourly, never = schedules(
+        db_dsn, daily={"cron": "0 3 * * *", "task_type": "echo"},
+        hourly={"cron": "0 * * * *", "task_type": "record", "timezone": "Europe/Paris"},
+        never={"cron": "0 0 1 1 *", "task_type": "echo"})
+    # Make the state of the last hour, by the database's clock.
+    now = conn.execute("SELECT now()").fetchone()[0].astimezone(UTC)
+    service = scheduler(daily, hourly)
+    service.run_once(now=now - timedelta(hours=2))
+    service.run_once(now=now)
+    last_hour = now.replace(minute=0, second=0, microsecond=0)
+    conn.execute("UPDATE tasks SET status = 'COMPLETED' WHERE id = %s",
+                 (f"schedule:hourly:{last_hour:%Y-%m-%dT%H:%M:%SZ}",))
+
+    with Client(db_dsn) as client:
+        status = {s["name"]: s for s in client.schedule_status([daily, hourly, never])}
+
+    assert status["hourly"] == {
+        "name": "hourly", "cron": "0 * * * *", "timezone": "Europe/Paris",
+        "task_type": "record", "catch_up": "latest",
+        "next_run": last_hour + timedelta(hours=1), "last_run": last_hour,
+        "last_task_id": f"schedule:hourly:{last_hour:%Y-%m-%dT%H:%M:%SZ}",
+        "last_status": "COMPLETED"}
+    assert status["never"]["last_run"] is None and status["never"]["last_status"] is None
+    assert status["never"]["next_run"].month == 1 and status["never"]["next_run"].day == 1
+    with Client(db_dsn) as client, pytest.raises(UsageError, match="from_config"):
+        client.schedule_status()
+
+
+def test_a_failed_pass_is_logged_once_and_the_next_comes_soon(db_dsn, events):
+    (tick,) = schedules(db_dsn, tick={"cron": "* * * * * *", "task_type": "echo"})
+    # Nothing listens on port 1: every pass fails to connect.
+    service = Scheduler("postgresql://pgtaskd@127.0.0.1:1/none", schedules=[tick],
+                        max_payload_bytes=1 << 20, connect_timeout=1)
+    service.tick()
+    service.tick()
+    assert service.next_wait() == 1.0
+    (failing,) = events.of("scheduler_failing")
+    assert "127.0.0.1:1" in failing["error"]
