@@ -10,6 +10,21 @@ EXIT_USAGE = 2  # the input was wrong: a bad argument, a bad config, a bad paylo
 EXIT_BOOT_FAILED = 3  # a worker child could not import its handlers or reach the database
 
 
+def one_line(exc: BaseException, limit: int = 300, *, typed: bool = False) -> str:
+    """A database or network error for a log field: every line of its message joined (the
+    server's is spread over several, and none alone says enough), at most ``limit`` long;
+    ``typed`` puts the exception's type first."""
+    try:
+        text = " ".join(str(exc).split())
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure
+        text = ""
+    if not text:
+        return type(exc).__name__
+    if typed:
+        text = f"{type(exc).__name__}: {text}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class PermanentError(Exception):
     """Raised by a handler when retrying cannot help: the task fails at once."""
 

@@ -33,7 +33,7 @@ from .config import RetryConfig
 from .db import store
 from .db.connect import LazyConnection
 from .db.deadline import within
-from .errors import OperationalError
+from .errors import OperationalError, one_line
 from .logs import emit
 
 # A renewal round also renews claims due within this fraction of the renew interval, so a
@@ -228,7 +228,7 @@ class LeaseKeeper(threading.Thread):
                 held.due = retry_at
         if not self._renew_failing:
             self._renew_failing = True
-            emit("lease_renew_failed", logging.WARNING, error=_one_line(exc),
+            emit("lease_renew_failed", logging.WARNING, error=one_line(exc),
                  claims=len(due))
 
     def _tell_lost(self, held: Held, state: dict | None) -> None:
@@ -307,7 +307,3 @@ class LeaseKeeper(threading.Thread):
                  retry_delay=round(row["retry_delay"], 3), error=reason, rescued=True,
                  pool=held.pool)
 
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[-1] if text else type(exc).__name__

@@ -22,7 +22,7 @@ import psycopg
 from .config import Config
 from .db.connect import LazyConnection
 from .db.migrate import migrate
-from .errors import MigrationError, OperationalError
+from .errors import MigrationError, OperationalError, one_line
 from .logs import emit
 
 # Database start-up: how long the supervisor waits for PostgreSQL before giving up.
@@ -81,7 +81,7 @@ def wait_for_database(config: Config, dsn: str, *, migrate_on_start: bool, demo:
                 if time.monotonic() >= deadline:
                     raise OperationalError(str(exc)) from None
                 emit("database_waiting", logging.WARNING,
-                     error=str(exc).strip().splitlines()[-1])
+                     error=one_line(exc))
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
     finally:

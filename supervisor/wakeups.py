@@ -28,7 +28,7 @@ from .children import Child
 from .db import store
 from .db.connect import connect
 from .db.deadline import within
-from .errors import OperationalError
+from .errors import OperationalError, one_line
 from .logs import emit
 
 CHANNEL = "pgtaskd_tasks"
@@ -39,7 +39,9 @@ LISTEN_SLICE = 1.0
 # otherwise leave the daemon on polling without anyone knowing.
 PING_AFTER = 30.0
 MAX_TIMERS = 10_000
-MAX_RECONNECT_DELAY = 30.0
+# Reconnecting is what ends the workers' backoff after an outage (it wakes them all): a
+# try every few seconds costs the server nothing, and the queue is served again soon after.
+MAX_RECONNECT_DELAY = 5.0
 
 
 class WakeRelay(threading.Thread):
@@ -85,7 +87,7 @@ class WakeRelay(threading.Thread):
                 if not failing:
                     failing = True
                     emit("wakeups_unavailable", logging.WARNING,
-                         error=_one_line(exc), fallback="polling")
+                         error=one_line(exc), fallback="polling")
                 self._stopping.wait(delay)
                 delay = min(delay * 2, MAX_RECONNECT_DELAY)
                 continue
@@ -166,7 +168,3 @@ class WakeRelay(threading.Thread):
             except psycopg.Error:
                 pass
 
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[-1] if text else type(exc).__name__

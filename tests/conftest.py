@@ -138,6 +138,7 @@ def make_config(dsn: str | None = None, **tree):
         "handlers": {"path": str(TEST_HANDLERS), "types": {
             "echo": "basic:echo", "record": "basic:record", "fail": "basic:fail",
             "permanent": "basic:permanent", "sleep": "basic:sleep",
+            "record_then_sleep": "basic:record_then_sleep",
             "cooperative": "basic:cooperative",
         }},
     }

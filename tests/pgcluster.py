@@ -41,7 +41,12 @@ def free_port() -> int:
 
 
 class ThrowawayPostgres:
-    def __init__(self, base_dir: Path | None = None, port: int | None = None):
+    def __init__(self, base_dir: Path | None = None, port: int | None = None, *,
+                 durable: bool = False):
+        # Not durable (the default, for speed): an immediate stop may lose the last commits
+        # a client was told had landed. A test that stops the server in immediate mode and
+        # counts what was lost needs durable commits, as in production.
+        self.durable = durable
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="pgtaskd-pg-"))
         self.data_dir = self.base_dir / "data"
         self.socket_dir = self.base_dir / "sock"
@@ -91,7 +96,8 @@ class ThrowawayPostgres:
 
     def start(self, timeout: float = 60) -> None:
         options = (f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1 "
-                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                   "-c fsync=off -c full_page_writes=off "
+                   f"-c synchronous_commit={'on' if self.durable else 'off'} "
                    "-c max_connections=300 -c shared_buffers=128MB")
         self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.base_dir / "server.log"),
                   "-w", "-t", str(int(timeout)), "-o", options, "start")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..db import store
+from ..errors import one_line
 from .service import PeriodicService
 
 
@@ -119,10 +120,9 @@ class HealthChecker(PeriodicService):
         return report
 
     def on_failure(self, exc: BaseException) -> None:
-        text = str(exc).strip().splitlines()
         with self._lock:
             previous = self._latest
             self._latest = HealthReport(
-                database_ok=False, database_error=text[-1] if text else type(exc).__name__,
+                database_ok=False, database_error=one_line(exc),
                 tasks_by_status=previous.tasks_by_status, paused_types=previous.paused_types,
                 children=self.children())

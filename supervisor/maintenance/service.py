@@ -12,7 +12,7 @@ import psycopg
 
 from ..db.connect import LazyConnection
 from ..db.deadline import within
-from ..errors import OperationalError
+from ..errors import OperationalError, one_line
 from ..logs import emit
 
 
@@ -75,7 +75,7 @@ class PeriodicService(threading.Thread):
             self.on_failure(exc)
             if not self._failing:
                 self._failing = True
-                emit(f"{self.name_prefix}_failing", logging.ERROR, error=str(exc).strip()[:300])
+                emit(f"{self.name_prefix}_failing", logging.ERROR, error=one_line(exc))
             return
         except Exception as exc:  # a bug here must not kill the thread silently
             self._close()

@@ -17,8 +17,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..db import store
 from ..db.deadline import within
+from ..errors import one_line
 from ..logs import emit
-from .failures import describe
 
 DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout)
 # The longest one statement of the loop may wait for an answer before its connection is cut
@@ -53,15 +53,23 @@ def write_final(pool: ConnectionPool, write: Callable, claim: store.Claim, field
                     row = store.task_status(conn, claim.task_id)
                     if row and row["lease_token"] == claim.token \
                             and row["status"] not in ("RUNNING", "CANCELLED"):
-                        return AlreadyWritten(row)
-                return result
+                        result = AlreadyWritten(row)
         except DB_ERRORS as exc:
             left = deadline - time.monotonic()
             if left <= 0:
-                emit("final_state_lost", logging.ERROR, error=describe(exc),
+                emit("final_state_lost", logging.ERROR, error=one_line(exc, typed=True),
                      attempts=attempt, **fields)
                 return None
-            emit("final_write_retry", logging.WARNING, error=describe(exc),
-                 attempt=attempt, **fields)
+            # Once per write, not once per try: an outage would repeat it every few seconds.
+            if attempt == 1:
+                emit("final_write_retry", logging.WARNING, error=one_line(exc, typed=True),
+                     patience=round(left, 1), **fields)
             time.sleep(min(delay, left))
-            delay = min(delay * 2, 5.0)
+            # At most a second apart: the write lands within a second of the database's
+            # return, before the lease it holds runs out and another worker runs the task
+            # again. A try is one refused connection while the server is away.
+            delay = min(delay * 2, 1.0)
+            continue
+        if attempt > 1:
+            emit("final_write_recovered", attempts=attempt, **fields)
+        return result

@@ -32,13 +32,13 @@ from .. import metrics
 from ..config import Config
 from ..db import store
 from ..db.deadline import within
-from ..errors import PermanentError, TaskCancelled, TaskTimedOut
+from ..errors import PermanentError, TaskCancelled, TaskTimedOut, one_line
 from ..logs import emit
 from .failures import describe, shorten, with_origin
 from .final_writes import DB_ERRORS, STATEMENT_DEADLINE, AlreadyWritten, write_final
 from .leases import LeaseHolder, LocalLeases
 from .pools import open_pool
-from .task import Task, decode_payload
+from .task import Task, decode_payload, stop_margin
 from .usage import RunMeter, current_rss_bytes
 
 # How long a final write keeps retrying through a database outage before giving up; past it
@@ -185,7 +185,7 @@ class Worker:
                 try:
                     batch = self.claim()
                 except Exception as exc:  # the loop must survive anything but a stop
-                    self._loop_error(exc)
+                    self._loop_error(exc, since)
                     continue
                 if self._error_streak:
                     emit("loop_recovered", worker_id=self.worker_id, pool=self.pool_name,
@@ -244,18 +244,21 @@ class Worker:
         if killed:
             emit("leftover_processes_killed", logging.WARNING, processes=killed, **fields)
 
-    def _loop_error(self, exc: BaseException) -> None:
+    def _loop_error(self, exc: BaseException, since: float) -> None:
         self._error_streak += 1
         metrics.LOOP_ERRORS.labels(self.pool_name).inc()
         # Once per outage, not once per retry: the metric counts every error, and the
         # recovery is logged with how many there were.
         if self._error_streak == 1:
             emit("loop_error", logging.ERROR, worker_id=self.worker_id, pool=self.pool_name,
-                 error=describe(exc))
-        # Back off while the database is away so a hundred workers do not hammer it.
+                 error=one_line(exc, typed=True))
+        # Back off while the database is away so a hundred workers do not hammer it; as an
+        # idle worker, so that the wake relay, once it reaches the database again, cuts the
+        # wait short rather than leave the queue unserved for the rest of it.
         delay = min(self.config.poll_interval * 2 ** min(self._error_streak, 10),
                     MAX_LOOP_ERROR_BACKOFF)
-        self.stop_event.wait(delay)
+        self.leases.idle(since)
+        self.leases.wait(delay, self.wake_event)
 
     # -- claiming ---------------------------------------------------------------------------
 
@@ -313,6 +316,7 @@ class Worker:
                                  connection=self.handler_connection,
                                  refresh=getattr(self.leases, "refresh", None))
             task.lease_expires_at = claimed_at + self.config.lease.seconds
+            task.lease_margin = stop_margin(self.config.lease.seconds)
             task.undecodable = error
             batch.append((task, row["lease_token"]))
         if not batch:

@@ -14,6 +14,19 @@ from ..errors import TaskCancelled
 from ..logs import emit
 
 
+# The lease counts as lost this long before it runs out by the worker's clock: 5% of it, at
+# most a second. The worker's clock starts the lease just before the database's does, so
+# without a margin a handler would stop, at its next safe point, just after another worker
+# could claim its task. One that checks is_cancelled() at least this often stops before;
+# the margin also dwarfs how far two hosts' clocks can drift over a lease (NTP slews a
+# clock by 0.05% at most).
+MAX_LEASE_MARGIN = 1.0
+
+
+def stop_margin(lease_seconds: float) -> float:
+    return min(MAX_LEASE_MARGIN, lease_seconds * 0.05)
+
+
 @dataclass
 class Task:
     id: str
@@ -36,6 +49,9 @@ class Task:
     # connection, a supervisor that cannot reach the database) cannot keep the handler
     # believing it still owns the task.
     lease_expires_at: float = field(default=float("inf"), repr=False)
+    # How long before that the task already counts as lost (stop_margin): a handler checks
+    # at safe points, and must be past its last one before another worker may claim.
+    lease_margin: float = field(default=0.0, repr=False)
     # Reads renewals that arrived but were not handled yet (a handler that held the GIL kept
     # the reader thread from running), before the clock is allowed to call the lease lost.
     _refresh: Callable[[], None] | None = field(default=None, repr=False)
@@ -57,15 +73,19 @@ class Task:
         too, since another worker may own the task by then. A handler doing long work should
         check it at safe points and stop.
         """
-        if self._lost_reason is None and time.monotonic() >= self.lease_expires_at:
+        if self._lost_reason is None and time.monotonic() >= self.lease_ends_at:
             if self._refresh is not None:
                 self._refresh()
-            if self._lost_reason is None and time.monotonic() >= self.lease_expires_at:
+            if self._lost_reason is None and time.monotonic() >= self.lease_ends_at:
                 self.mark_lost("lease expired before a renewal got through")
                 emit("lease_lost", logging.WARNING, reason=self.cancel_reason, task_id=self.id,
                      worker_id=self.worker_id, task_type=self.task_type,
                      retry_count=self.retry_count)
         return self._lost_reason is not None
+
+    @property
+    def lease_ends_at(self) -> float:
+        return self.lease_expires_at - self.lease_margin
 
     def extend(self, expires_at: float) -> None:
         """A renewal landed: the lease is ours until ``expires_at`` (monotonic)."""

@@ -38,6 +38,12 @@ def sleep(task):
     time.sleep(float(task.payload.get("seconds", 1)))
 
 
+def record_then_sleep(task):
+    """Records that it started, so a test can act while the handler surely runs."""
+    _record(task)
+    time.sleep(float(task.payload.get("seconds", 1)))
+
+
 def cooperative(task):
     """Runs until cancelled, checking at safe points; records how it stopped."""
     deadline = time.monotonic() + float(task.payload.get("max_seconds", 30))

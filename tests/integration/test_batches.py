@@ -76,18 +76,20 @@ def test_a_batchs_finished_work_is_written_while_a_later_handler_runs(conn, make
 
 def test_stopping_mid_batch_finishes_the_running_task_and_gives_back_the_rest(conn,
                                                                              make_worker):
-    worker = make_worker(types=["sleep", "record"], batch_size=3)
-    add_task(conn, "first", "sleep", {"seconds": 0.8}, priority=9)
+    worker = make_worker(types=["record_then_sleep", "record"], batch_size=3)
+    add_task(conn, "first", "record_then_sleep", {"seconds": 0.8}, priority=9)
     add_task(conn, "second", "record")
     add_task(conn, "third", "record")
     with looping(worker):
-        wait_until(lambda: task_row(conn, "first")["status"] == "RUNNING", message="the batch")
+        # RUNNING alone is not enough: the whole batch is RUNNING once claimed, before any
+        # handler starts, and a stop then gives all three back.
+        wait_until(lambda: run_order(conn) == ["first"], message="the first handler to start")
         worker.stop()
     assert task_row(conn, "first")["status"] == "COMPLETED"
     for task_id in ("second", "third"):
         stored = task_row(conn, task_id)
         assert (stored["status"], stored["retry_count"]) == ("PENDING", 0), stored
-    assert run_order(conn) == []
+    assert run_order(conn) == ["first"]
 
 
 def test_a_task_cancelled_while_it_waits_in_a_batch_never_runs(conn, db_dsn, make_worker,
