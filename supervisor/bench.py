@@ -74,6 +74,8 @@ class Options:
     batch_size: int = 1
     runs: int = 3
     latency_samples: int = 200
+    limit: int | None = None
+    """A global concurrency limit on the drained type (limits.<type>), to measure its cost."""
     as_json: bool = False
 
 
@@ -375,6 +377,11 @@ def _percentile(values: list[float], pct: float) -> float:
 
 def run_once(dsn: str, options: Options, workdir: Path, progress) -> dict:
     with scratch_schema(dsn) as bench_dsn:
+        if options.limit:
+            # Set before the ceiling, so that the bare SQL pays for the slots as the daemon
+            # does.
+            with connect(bench_dsn) as conn:
+                store.set_task_type_limit(conn, "noop", options.limit, updated_by="bench")
         result = {"submit_per_second": measure_submit(bench_dsn, min(options.tasks, 5000),
                                                       progress),
                   "submit_many_per_second": measure_submit_many(bench_dsn, options.tasks,
@@ -427,7 +434,8 @@ def render(options: Options, target: str, runs: list[dict], summary: dict) -> st
 
     ceiling = summary["ceiling_per_second"]
     lines = [f"pgtaskd bench: {options.tasks:,} tasks, {options.processes} processes, "
-             f"batch size {options.batch_size}, {options.runs} runs, on {target}",
+             f"batch size {options.batch_size}, {options.runs} runs, on {target}"
+             + (f", no-op tasks limited to {options.limit} at once" if options.limit else ""),
              "",
              f"{'measurement':<34}{'median':>12}  {'% of ceiling':>12}   runs"]
     for label, key, pct in (("submit, one per call", "submit_per_second", False),

@@ -18,7 +18,7 @@ from datetime import datetime
 
 import psycopg
 
-from .config import load_config
+from .config import MAX_LIMIT, load_config
 from .errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError, quote
 
 EPILOG = textwrap.dedent("""\
@@ -34,6 +34,7 @@ EPILOG = textwrap.dedent("""\
       pgtaskd stats --json                               queue counts, for scripts
       pgtaskd pause TYPE... / pgtaskd resume TYPE...     stop / restart claims of a type
       pgtaskd schedules                                  periodic tasks: next and last runs
+      pgtaskd limit TYPE N / pgtaskd limits              global concurrency limits
 
     Every command takes -c FILE (default: $PGTASKD_CONFIG) and --json. The database is
     database.dsn from the config, or $PGTASKD_DSN, or else the embedded PostgreSQL.
@@ -92,6 +93,20 @@ def _add_config(parser: argparse.ArgumentParser) -> None:
 def _add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print JSON for scripts instead of text (timestamps in ISO-8601, UTC)")
+
+
+def _limit_value(text: str) -> int | None:
+    """N of ``pgtaskd limit TYPE N`` (an argparse type): None for 'off'."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_LIMIT}, or "
+                                         f"'off', got {quote(text)}")
+    return value
 
 
 def _command(commands, name: str, summary: str, description: str, examples: str):
@@ -164,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how many runs; the median is reported (default 3)")
     bench.add_argument("--latency-samples", type=_non_negative_int, default=200, metavar="N",
                        help="pickup latency samples per run (default 200; 0 skips it)")
+    bench.add_argument("--limit", type=_limit_value, default=None, metavar="N",
+                       help="a global concurrency limit on the drained tasks' type, to "
+                            "measure what a limit costs (default: none)")
 
     _add_task_commands(commands)
     return parser
@@ -296,6 +314,23 @@ def _add_task_commands(commands) -> None:
         "pgtaskd resume charge\n"
         "pgtaskd resume charge report --json")
     resume.add_argument("task_types", nargs="+", metavar="TYPE", help="task types to resume")
+    limit = _command(
+        commands, "limit", "set or remove a global concurrency limit of a task type",
+        "At most N tasks of this type RUNNING at once, across every daemon on this database, "
+        "from each daemon's next claim on; 'off' removes the limit. The limit is kept in the "
+        "database. Lowering it stops no running task: the excess ends as its tasks do. A "
+        "daemon whose config has limits: writes them at start and on each reload, over what "
+        "this command set.",
+        "pgtaskd limit charge 2\n"
+        "pgtaskd limit charge off")
+    limit.add_argument("task_type", metavar="TYPE", help="the task type")
+    limit.add_argument("max_running", metavar="N", type=_limit_value,
+                       help=f"1 to {MAX_LIMIT}, or 'off'")
+    _command(
+        commands, "limits", "list the global concurrency limits",
+        "List the global concurrency limits: task type, the limit, how many of its tasks run "
+        "under a live lease now, and who set it when.",
+        "pgtaskd limits\npgtaskd limits --json")
     _command(
         commands, "schedules", "list the periodic tasks of the config",
         "List the schedules of the config: name, cron expression, time zone, task type, the "

@@ -35,8 +35,8 @@ from typing import Any
 
 import psycopg
 
-from .config import (DEFAULT_MAX_PAYLOAD_BYTES, INT32_MAX, INT32_MIN, Config, ScheduleConfig,
-                     load_config)
+from .config import (DEFAULT_MAX_PAYLOAD_BYTES, INT32_MAX, INT32_MIN, MAX_LIMIT,
+                     MAX_TASK_TYPE_LENGTH, Config, ScheduleConfig, load_config)
 from .db import store
 from .db.connect import connect, describe_target
 from .db.session import database_dsn
@@ -54,7 +54,6 @@ MAX_LIST_LIMIT = 10_000
 # Ids and task types are indexed; PostgreSQL refuses btree entries over about 2.7 kB, so a
 # bound in characters (at most 4 bytes each) keeps every accepted value indexable.
 MAX_ID_LENGTH = 200
-MAX_TASK_TYPE_LENGTH = 200
 MAX_UNIQUE_KEY_LENGTH = 200
 MAX_NAME_LENGTH = 1000
 MAX_PAUSED_BY_LENGTH = 200
@@ -569,6 +568,33 @@ class Client:
         with self._database() as conn:
             return store.list_pauses(conn)
 
+    def set_limit(self, task_type: str, max_running: int, *,
+                  set_by: str | None = None) -> dict[str, Any]:
+        """At most ``max_running`` tasks of this type RUNNING under a live lease at once,
+        across every daemon on this database, from each daemon's next claim on. The limit is
+        a row in the database, like a pause. Lowering it stops no running task: the excess
+        ends as its tasks do. ``{"task_type", "max_running", "previous" (None if it had
+        none), "changed", "notified"}``."""
+        task_type = _check_label("task_type", task_type, MAX_TASK_TYPE_LENGTH)
+        max_running = _check_int("max_running", max_running, 1, MAX_LIMIT)
+        set_by = who_pauses() if set_by is None else _check_label(
+            "set_by", set_by, MAX_PAUSED_BY_LENGTH)
+        with self._database() as conn:
+            return store.set_task_type_limit(conn, task_type, max_running, updated_by=set_by)
+
+    def remove_limit(self, task_type: str) -> bool:
+        """Let every daemon run this type's tasks with no global limit again. False when it
+        had none."""
+        task_type = _check_lookup_text("task_type", task_type)
+        with self._database() as conn:
+            return store.remove_task_type_limit(conn, task_type) is not None
+
+    def limits(self) -> list[dict[str, Any]]:
+        """The global concurrency limits: ``{"task_type", "max_running", "running",
+        "updated_at", "updated_by"}`` each (running: slots a live lease holds now), by type."""
+        with self._database() as conn:
+            return store.list_limits(conn)
+
     def get(self, task_id: str) -> dict[str, Any] | None:
         """Every column of the task, or None if there is no such task.
 
@@ -593,15 +619,16 @@ class Client:
 
         ``{"total": int, "by_status": {status: n}, "by_type": {type: {status: n}},
         "due_pending": int, "oldest_pending_age": seconds or None, "expired_leases": int,
-        "paused_due_pending": int, "paused_types": [as in paused()]}``; every status appears
-        in each count, zero or not. Due tasks of paused types are counted in
-        paused_due_pending only: due_pending and oldest_pending_age are about the tasks that
-        workers may take.
+        "paused_due_pending": int, "paused_types": [as in paused()], "limits": [as in
+        limits()]}``; every status appears in each count, zero or not. Due tasks of paused
+        types are counted in paused_due_pending only: due_pending and oldest_pending_age are
+        about the tasks that workers may take.
         """
         with self._database() as conn:
             rows = store.count_by_type_and_status(conn)
             summary = store.queue_health(conn)
             pauses = store.list_pauses(conn)
+            limits = store.list_limits(conn)
         by_status = dict.fromkeys(STATUSES, 0)
         by_type: dict[str, dict[str, int]] = {}
         for row in rows:
@@ -612,7 +639,8 @@ class Client:
                 "due_pending": summary["due_pending"],
                 "oldest_pending_age": summary["oldest_pending_age"],
                 "expired_leases": summary["expired_leases"],
-                "paused_due_pending": summary["paused_due"], "paused_types": pauses}
+                "paused_due_pending": summary["paused_due"], "paused_types": pauses,
+                "limits": limits}
 
     def schedule_status(self, schedules: Iterable[ScheduleConfig] | None = None
                         ) -> list[dict[str, Any]]:

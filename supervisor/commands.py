@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -52,6 +53,7 @@ def cmd_check_config(args, config: Config) -> int:
                       for p in config.pools},
             "schedules": {s.name: {"cron": s.cron.expression, "timezone": s.cron.timezone,
                                    "task_type": s.task_type} for s in config.schedules},
+            "limits": dict(config.limits),
             "warnings": warnings,
             "database": redact_dsn(config.database.dsn)})
     if problems:
@@ -61,7 +63,9 @@ def cmd_check_config(args, config: Config) -> int:
         pools = ", ".join(f"{p.name}={p.processes}" for p in config.pools)
         schedules = (f", schedules [{', '.join(s.name for s in config.schedules)}]"
                      if config.schedules else "")
-        print(f"config ok: handlers [{types}], pools [{pools}]{schedules}, "
+        limits = (f", limits [{', '.join(f'{t}={n}' for t, n in sorted(config.limits.items()))}]"
+                  if config.limits else "")
+        print(f"config ok: handlers [{types}], pools [{pools}]{schedules}{limits}, "
               f"database {redact_dsn(config.database.dsn)}")
     return EXIT_OK
 
@@ -137,7 +141,8 @@ def cmd_bench(args, config: Config) -> int:
         raise UsageError(f"--batch-size: must be at most {MAX_BATCH_SIZE}, got {args.batch_size}")
     return run_bench(config, Options(tasks=args.tasks, processes=args.processes,
                                      batch_size=args.batch_size, runs=args.runs,
-                                     latency_samples=args.latency_samples, as_json=args.json))
+                                     latency_samples=args.latency_samples, limit=args.limit,
+                                     as_json=args.json))
 
 
 def cmd_run(args, config: Config) -> int:
@@ -154,12 +159,33 @@ class _Refused(Exception):
     """Leaves a ``client.transaction()`` block so that it rolls back, with nothing to report."""
 
 
+# The client names a bad value by its parameter; the command line, by the argument typed.
+_ARGUMENTS = {"task_type": "TYPE", "task_id": "--id", "name": "--name",
+              "priority": "--priority", "max_retries": "--max-retries",
+              "unique_key": "--unique-key", "run_at": "--at", "delay": "--in",
+              "max_running": "N"}
+
+
+@contextlib.contextmanager
+def arguments_named():
+    """A client's UsageError, reworded to name the command-line argument."""
+    try:
+        yield
+    except UsageError as exc:
+        field, colon, rest = str(exc).partition(":")
+        if colon and field in _ARGUMENTS:
+            raise UsageError(f"{_ARGUMENTS[field]}:{rest}") from None
+        raise
+
+
 def cmd_submit(args, config: Config) -> int:
     payload = read_payload(args.payload, args.payload_file, config.max_payload_bytes)
     with Client.from_config(config) as client:
-        task_id = client.submit(args.task_type, payload, priority=args.priority, run_at=args.at,
-                                delay=args.delay, task_id=args.id, name=args.name,
-                                max_retries=args.max_retries, unique_key=args.unique_key)
+        with arguments_named():
+            task_id = client.submit(args.task_type, payload, priority=args.priority,
+                                    run_at=args.at, delay=args.delay, task_id=args.id,
+                                    name=args.name, max_retries=args.max_retries,
+                                    unique_key=args.unique_key)
         status = "PENDING"
         if not task_id.created:
             existing = client.get(task_id)
@@ -277,7 +303,8 @@ def cmd_pause(args, config: Config) -> int:
     task_types = list(dict.fromkeys(args.task_types))
     with Client.from_config(config) as client:
         with client.transaction():
-            changed = {task_type: client.pause(task_type) for task_type in task_types}
+            with arguments_named():
+                changed = {task_type: client.pause(task_type) for task_type in task_types}
         pauses = {p["task_type"]: p for p in client.paused()}
     unknown = [t for t in task_types if config.handled_types and t not in config.handled_types]
     if args.json:
@@ -305,7 +332,8 @@ def cmd_resume(args, config: Config) -> int:
     task_types = list(dict.fromkeys(args.task_types))
     with Client.from_config(config) as client:
         with client.transaction():
-            changed = {task_type: client.resume(task_type) for task_type in task_types}
+            with arguments_named():
+                changed = {task_type: client.resume(task_type) for task_type in task_types}
     if args.json:
         print_json([{"task_type": t, "paused": False, "changed": changed[t]}
                     for t in task_types])
@@ -384,6 +412,9 @@ def cmd_stats(args, config: Config) -> int:
         print(f"paused: {printable(pause['task_type'])} since {human_time(pause['paused_at'])} "
               f"by {printable(pause['paused_by'] or '?')} "
               f"({due} due task{'' if due == 1 else 's'} waiting)")
+    for limit in stats["limits"]:
+        print(f"limited: {printable(limit['task_type'])} to {limit['max_running']} at once "
+              f"({limit['running']} running)")
     if stats["by_type"]:
         print()
         print(render_table(
@@ -391,6 +422,49 @@ def cmd_stats(args, config: Config) -> int:
             [[task_type, *(str(by_status[s]) for s in STATUSES), str(sum(by_status.values()))]
              for task_type, by_status in stats["by_type"].items()],
             right_aligned={*STATUSES, "TOTAL"}))
+    return EXIT_OK
+
+
+def cmd_limit(args, config: Config) -> int:
+    with Client.from_config(config) as client, arguments_named():
+        if args.max_running is None:
+            changed = client.remove_limit(args.task_type)
+            result = {"task_type": args.task_type, "max_running": None, "changed": changed}
+        else:
+            row = client.set_limit(args.task_type, args.max_running)
+            result = {"task_type": args.task_type, "max_running": row["max_running"],
+                      "previous": row["previous"], "changed": row["changed"]}
+    if args.json:
+        print_json(result)
+    elif args.max_running is None:
+        print(f"{printable(args.task_type)}: no limit")
+    else:
+        print(f"{printable(args.task_type)}: at most {args.max_running} running")
+    if not result["changed"]:
+        print(f"note: {quote(args.task_type)} "
+              f"{'had no limit' if args.max_running is None else 'had that limit already'}",
+              file=sys.stderr)
+    elif result.get("previous") is not None:
+        print(f"note: the limit was {result['previous']}", file=sys.stderr)
+    if args.task_type in config.limits and config.limits[args.task_type] != args.max_running:
+        print(f"warning: {config.path or 'the config'} sets limits.{args.task_type}: "
+              f"{config.limits[args.task_type]}; daemons write it again at their next start "
+              f"or reload", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_limits(args, config: Config) -> int:
+    with Client.from_config(config) as client:
+        limits = client.limits()
+    if args.json:
+        print_json(limits)
+    elif not limits:
+        print("(no limits)")
+    else:
+        print(render_table(
+            ["TYPE", "LIMIT", "RUNNING", "SET", "BY"],
+            [[l["task_type"], str(l["max_running"]), str(l["running"]), human_time(l["updated_at"]),
+              l["updated_by"] or "-"] for l in limits], right_aligned={"LIMIT", "RUNNING"}))
     return EXIT_OK
 
 

@@ -44,6 +44,9 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_DATA_DIR = "var/pgdata"
 DEFAULT_HANDLERS_PATH = "handlers"
 MAX_BATCH_SIZE = 1000
+MAX_TASK_TYPE_LENGTH = 200
+# Each unit of a limit is a row that claims of its type may lock; far past any fleet's size.
+MAX_LIMIT = 10_000
 CANCEL_MODES = ("cooperative", "kill")
 DEFAULT_RETENTION_COMPLETED = 7 * 86400.0
 DEFAULT_RETENTION_FAILED = 30 * 86400.0
@@ -280,6 +283,9 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     schedules: tuple[ScheduleConfig, ...] = ()
+    limits: dict[str, int] = field(default_factory=dict)
+    """Global concurrency limits (task type -> most RUNNING at once across every daemon),
+    written to the database at start and on each reload."""
     source: str | None = field(default=None, compare=False, repr=False)
     """The text of the config file this was parsed from (None for built-in defaults)."""
 
@@ -409,7 +415,7 @@ class _Validator:
 
 def _key(key: Any) -> str:
     """A mapping key as a key path shows it: as written if it is a short string."""
-    if isinstance(key, str) and len(key) <= 60 and key.isprintable():
+    if isinstance(key, str) and 0 < len(key) <= 60 and key.isprintable():
         return key
     return quote(key)
 
@@ -421,7 +427,7 @@ def _type_name(value: Any) -> str:
 
 _TOP_KEYS = {"database", "lease", "poll_interval", "retry", "handlers", "pools",
              "shutdown_timeout", "reload_timeout", "reaper", "health", "retention",
-             "metrics", "max_payload_bytes", "schedules"}
+             "metrics", "max_payload_bytes", "schedules", "limits"}
 
 
 def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
@@ -514,6 +520,7 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
         ),
         max_payload_bytes=max_payload_bytes,
         schedules=schedules,
+        limits=_parse_limits(v, tree),
         source=source,
     )
     if v.problems:
@@ -637,6 +644,33 @@ def _parse_pools(v: _Validator, tree: Mapping, handlers: HandlersConfig) -> tupl
 
 # Every instant's id has the same length; this one stands for all of them.
 _ANY_INSTANT = datetime(2000, 1, 1, tzinfo=timezone.utc)
+def _parse_limits(v: _Validator, tree: Mapping) -> dict[str, int]:
+    raw = tree.get("limits")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        v.problem("limits", f"must be a mapping of task type to a number of tasks, "
+                            f"got {_type_name(raw)}")
+        return {}
+    limits = {}
+    for task_type, value in raw.items():
+        where = f"limits.{_key(task_type)}"
+        if not isinstance(task_type, str) or not task_type.strip() or \
+                len(task_type) > MAX_TASK_TYPE_LENGTH or not task_type.isprintable():
+            v.problem(where, f"a task type must be a non-empty printable string of at most "
+                             f"{MAX_TASK_TYPE_LENGTH} characters")
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            v.problem(where, f"must be a whole number of tasks, got {_type_name(value)} "
+                             f"{quote(value)}")
+        elif not 1 <= value <= MAX_LIMIT:
+            v.problem(where, f"must be from 1 to {MAX_LIMIT}, got {quote(value)} (to stop a "
+                             f"type, pause it: pgtaskd pause TYPE)")
+        else:
+            limits[task_type] = value
+    return limits
+
+
 _SCHEDULE_KEYS = {"cron", "timezone", "task_type", "payload", "priority", "max_retries",
                   "catch_up", "max_catch_up"}
 

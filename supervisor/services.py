@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -68,6 +69,10 @@ def wait_for_database(config: Config, dsn: str, *, migrate_on_start: bool, demo:
                     for migration in migrate(conn):
                         emit("migration_applied", version=migration.version,
                              name=migration.name)
+                if config.limits:
+                    # Before any child claims: a limit must bind this daemon's first claims.
+                    from .maintenance.limits import write_limits
+                    write_limits(conn, config.limits, set_by=limits_author())
                 if demo:
                     from .demo import submit_demo_tasks
                     submit_demo_tasks(conn)
@@ -88,6 +93,11 @@ def wait_for_database(config: Config, dsn: str, *, migrate_on_start: bool, demo:
         db.close()
 
 
+def limits_author() -> str:
+    """What task_type_limits.updated_by says of a limit this daemon wrote."""
+    return f"pgtaskd {socket.gethostname()}:{os.getpid()}"
+
+
 class Services:
     """The supervisor's threads, started and stopped together."""
 
@@ -104,6 +114,7 @@ class Services:
         self.relay = None
         self.retention = None
         self.scheduler = None
+        self.limit_writer = None
         self.health = None
         self.metrics_archive = None
         self.http = None
@@ -114,6 +125,7 @@ class Services:
         # not be imported before prepare_metrics_dir() named its directory.
         from .leases import LeaseKeeper
         from .maintenance.health import HealthChecker
+        from .maintenance.limits import LimitWriter
         from .maintenance.metrics_archive import MetricsArchive
         from .maintenance.reaper import LeaseReaper
         from .maintenance.retention import RetentionService
@@ -142,7 +154,10 @@ class Services:
                                    max_payload_bytes=config.max_payload_bytes,
                                    connect_timeout=timeout, pooled=pooled,
                                    on_enqueued=count_scheduled)
-        self._threads = [self.keeper, reaper, self.health, self.retention, self.scheduler]
+        self.limit_writer = LimitWriter(dsn, limits=config.limits, set_by=limits_author(),
+                                        connect_timeout=timeout, pooled=pooled)
+        self._threads = [self.keeper, reaper, self.health, self.retention, self.scheduler,
+                         self.limit_writer]
         listen_dsn = config.database.listen_dsn or (None if pooled else dsn)
         if config.database.listen and listen_dsn:
             self.relay = WakeRelay(listen_dsn, children=self.children, connect_timeout=timeout,
@@ -181,6 +196,7 @@ class Services:
         self.retention.policy = config.retention
         self.retention.interval = config.retention.interval
         self.scheduler.apply(config.schedules, config.handled_types, config.max_payload_bytes)
+        self.limit_writer.apply(config.limits)
 
     def stop(self) -> None:
         if self.http:

@@ -7,6 +7,10 @@
 -- write after a dropped connection can tell its own landed write from someone else's.
 
 -- name: complete_and_claim
+-- (complete_and_claim_limited, below, is the same with global concurrency limits: store.py
+-- runs this one while none of the worker's types has a limit, because every node a plan
+-- holds costs its executor start-up on every call, and the slots' part of the plan made the
+-- claim a fifth slower for everyone, limits or not.)
 -- The worker's loop in one statement, one round trip and one commit: record the completions
 -- of the tasks it just ran, then claim up to %(limit)s due tasks of its types. With no
 -- completions it is the claim alone; with no types and a limit of 0, the completions alone.
@@ -14,10 +18,14 @@
 -- done: each completion conditioned on its owner and its own fencing token (found by primary
 --   key, matched to its token, CPU time and peak memory by its place in the arrays). The token stays on the row, so a
 --   worker that retries after a lost answer can tell its own landed write from a loss.
--- wanted: the worker's task types less those paused (task_type_pauses), so that a pause holds
---   for every daemon from its next claim on, and a paused type's rows, however many are due,
---   are never read: its type is gone before the index is probed. Materialized: the three
---   places that use it read the pause table once.
+-- unpaused: the worker's task types less those paused (task_type_pauses), so that a pause
+--   holds for every daemon from its next claim on, and a paused type's rows, however many are
+--   due, are never read: its type is gone before the index is probed.
+-- wanted: those less the types with a global limit (task_type_limits), which only
+--   complete_and_claim_limited may claim; the last row of the answer says some were left out.
+--   Materialized: the three places that use it read the tables once.
+-- given_back: the slots (limited types) that the completed tasks held, freed: a worker whose
+--   types lost their limit while it ran one still gives its slot back here.
 -- levels: the priority levels that hold PENDING tasks of these types, highest first, one
 --   index probe per type and level (a loose index scan), read only as far as needed.
 -- pending: each level's due tasks in the seed's order (scheduled_time, created_at), locked
@@ -53,11 +61,16 @@ done AS (
       AND t.lease_token = (%(done_tokens)s::bigint[])[array_position(%(done_ids)s::text[], t.id)]
     RETURNING t.lease_token
 ),
-wanted(task_type) AS MATERIALIZED (
+unpaused(task_type) AS MATERIALIZED (
     SELECT requested.task_type
     FROM unnest(%(task_types)s::text[]) AS requested(task_type)
     WHERE NOT EXISTS (SELECT 1 FROM task_type_pauses AS paused
                       WHERE paused.task_type = requested.task_type)
+),
+wanted(task_type) AS MATERIALIZED (
+    SELECT unpaused.task_type FROM unpaused
+    WHERE NOT EXISTS (SELECT 1 FROM task_type_limits AS l
+                      WHERE l.task_type = unpaused.task_type)
 ),
 levels(priority) AS (
     SELECT max(top.priority)
@@ -127,9 +140,18 @@ claimed AS (
                              ELSE t.error_message END,
         attempts = t.attempts + 1,
         started_at = now(),
-        updated_at = now()
+        updated_at = now(),
+        slot = NULL
     WHERE t.id = ANY(ARRAY(SELECT id FROM chosen))
     RETURNING t.*
+),
+given_back AS (
+    UPDATE task_type_slots AS s
+    SET task_id = NULL, lease_token = NULL, lease_until = NULL
+    WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
+                                    FROM task_type_slots AS held
+                                    WHERE held.lease_token = ANY(%(done_tokens)s::bigint[])
+                                    FOR UPDATE SKIP LOCKED)
 )
 SELECT TRUE AS completed, NULL::text AS id, NULL::text AS name, NULL::text AS task_type,
        NULL::text AS payload, NULL::integer AS priority, NULL::integer AS retry_count,
@@ -143,12 +165,216 @@ SELECT FALSE, c.id, c.name, c.task_type, c.payload::text, c.priority, c.retry_co
        CASE WHEN isfinite(c.scheduled_time) THEN c.scheduled_time END,
        CASE WHEN isfinite(c.created_at) THEN c.created_at END,
        row_number() OVER (ORDER BY c.priority DESC, c.scheduled_time, c.created_at)
-FROM claimed AS c;
+FROM claimed AS c
+UNION ALL
+-- One row more when a limit binds one of the worker's unpaused types: store.py then uses
+-- complete_and_claim_limited from the next claim on (and this one's leftover places).
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type));
+
+-- name: complete_and_claim_limited
+-- complete_and_claim with global concurrency limits (migration 0007), for a worker one of
+-- whose types has a limit: the same statement, plus
+-- free_slots: for each of the worker's unpaused types with a limit (task_type_limits),
+--   up to %(limit)s of its free slots, locked with SKIP LOCKED: a slot no task holds, whose
+--   lease ran out, or that one of the tasks done completes held. Free by the slot row alone,
+--   so that a slot another claim took since this statement began is skipped by the recheck
+--   of the locked row, never counted free from an old snapshot.
+-- wanted: each type with how many of its tasks this claim may take (cap): %(limit)s, or for a
+--   limited type the free slots it locked; a type with none is left out before its index is
+--   probed, so a full type's backlog neither is read nor crowds out the others.
+-- chosen: each type's first cap of them (n counts within the type, in the seed's order).
+-- placed: each chosen task of a limited type with the slot it takes (its n-th free slot).
+-- taken / given_back: the slots now held by the claims, and the slots of the completed tasks
+--   that no claim took over, freed.
+WITH RECURSIVE
+done AS (
+    UPDATE tasks AS t
+    SET
+        status = 'COMPLETED',
+        claimed_by = NULL,
+        lease_until = NULL,
+        error_message = NULL,
+        finished_at = now(),
+        updated_at = now(),
+        cpu_seconds = (%(done_cpu)s::float8[])[array_position(%(done_ids)s::text[], t.id)],
+        peak_rss_bytes = (%(done_rss)s::bigint[])[array_position(%(done_ids)s::text[], t.id)]
+    WHERE t.id = ANY(%(done_ids)s::text[])
+      AND t.status = 'RUNNING'
+      AND t.claimed_by = %(worker_id)s
+      AND t.lease_token = (%(done_tokens)s::bigint[])[array_position(%(done_ids)s::text[], t.id)]
+    RETURNING t.lease_token
+),
+unpaused(task_type) AS MATERIALIZED (
+    SELECT requested.task_type
+    FROM unnest(%(task_types)s::text[]) AS requested(task_type)
+    WHERE NOT EXISTS (SELECT 1 FROM task_type_pauses AS paused
+                      WHERE paused.task_type = requested.task_type)
+),
+free_slots AS MATERIALIZED (
+    SELECT free.task_type, free.slot
+    FROM task_type_limits AS l
+    CROSS JOIN LATERAL (
+        SELECT s.task_type, s.slot FROM task_type_slots AS s
+        WHERE s.task_type = l.task_type
+          AND s.slot <= l.max_running
+          AND (s.task_id IS NULL OR s.lease_until <= now()
+               OR s.lease_token = ANY(%(done_tokens)s::bigint[]))
+        ORDER BY s.slot
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED) AS free
+    WHERE l.task_type = ANY(ARRAY(SELECT task_type FROM unpaused))
+),
+wanted(task_type, cap) AS MATERIALIZED (
+    SELECT capped.task_type, capped.cap
+    FROM (SELECT unpaused.task_type,
+                 CASE WHEN NOT EXISTS (SELECT 1 FROM task_type_limits AS l
+                                       WHERE l.task_type = unpaused.task_type)
+                      THEN %(limit)s::bigint
+                      ELSE (SELECT count(*) FROM free_slots AS f
+                            WHERE f.task_type = unpaused.task_type) END AS cap
+          FROM unpaused) AS capped
+    WHERE capped.cap > 0
+),
+levels(priority) AS (
+    SELECT max(top.priority)
+    FROM wanted
+    CROSS JOIN LATERAL (
+        SELECT t.priority FROM tasks AS t
+        WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
+        ORDER BY t.priority DESC
+        LIMIT 1) AS top
+  UNION ALL
+    SELECT (SELECT max(top.priority)
+            FROM wanted
+            CROSS JOIN LATERAL (
+                SELECT t.priority FROM tasks AS t
+                WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
+                  AND t.priority < levels.priority
+                ORDER BY t.priority DESC
+                LIMIT 1) AS top)
+    FROM levels
+    WHERE levels.priority IS NOT NULL
+),
+pending AS (
+    SELECT due.id, due.task_type, levels.priority, due.scheduled_time, due.created_at
+    FROM levels
+    CROSS JOIN LATERAL (
+        SELECT level_rows.id, wanted.task_type, level_rows.scheduled_time, level_rows.created_at
+        FROM wanted
+        CROSS JOIN LATERAL (
+            SELECT t.id, t.scheduled_time, t.created_at FROM tasks AS t
+            WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
+              AND t.priority = levels.priority AND t.scheduled_time <= now()
+            ORDER BY t.scheduled_time, t.created_at
+            LIMIT least(%(limit)s, wanted.cap)
+            FOR UPDATE SKIP LOCKED) AS level_rows
+        ORDER BY level_rows.scheduled_time, level_rows.created_at
+        LIMIT %(limit)s) AS due
+    WHERE levels.priority IS NOT NULL
+    LIMIT %(limit)s
+),
+expired AS (
+    SELECT t.id, t.task_type, t.priority, t.scheduled_time, t.created_at FROM tasks AS t
+    WHERE t.status = 'RUNNING'
+      AND t.lease_until <= now()
+      AND t.task_type = ANY(ARRAY(SELECT task_type FROM wanted))
+      AND t.retry_count < t.max_retries
+      AND NOT t.id = ANY(%(done_ids)s::text[])
+    ORDER BY t.lease_until
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+ranked AS (
+    SELECT both_paths.*,
+           row_number() OVER (PARTITION BY both_paths.task_type
+                              ORDER BY both_paths.priority DESC, both_paths.scheduled_time,
+                                       both_paths.created_at) AS n
+    FROM (SELECT * FROM pending UNION ALL SELECT * FROM expired) AS both_paths
+),
+chosen AS (
+    SELECT ranked.id, ranked.task_type, ranked.n
+    FROM ranked
+    JOIN wanted ON wanted.task_type = ranked.task_type
+    WHERE ranked.n <= wanted.cap
+    ORDER BY ranked.priority DESC, ranked.scheduled_time, ranked.created_at
+    LIMIT %(limit)s
+),
+placed AS (
+    SELECT chosen.id, numbered.task_type, numbered.slot
+    FROM chosen
+    JOIN (SELECT f.task_type, f.slot,
+                 row_number() OVER (PARTITION BY f.task_type ORDER BY f.slot) AS n
+          FROM free_slots AS f) AS numbered
+      ON numbered.task_type = chosen.task_type AND numbered.n = chosen.n
+),
+claimed AS (
+    UPDATE tasks AS t
+    SET
+        status = 'RUNNING',
+        claimed_by = %(worker_id)s,
+        lease_until = now() + (%(lease_seconds)s * interval '1 second'),
+        lease_token = nextval('pgtaskd_lease_token_seq'),
+        retry_count = CASE WHEN t.status = 'RUNNING' THEN t.retry_count + 1 ELSE t.retry_count END,
+        error_message = CASE WHEN t.status = 'RUNNING'
+                             THEN 'lease of worker ' || coalesce(t.claimed_by, '?') || ' expired'
+                             ELSE t.error_message END,
+        attempts = t.attempts + 1,
+        started_at = now(),
+        updated_at = now(),
+        slot = (SELECT placed.slot FROM placed WHERE placed.id = t.id)
+    WHERE t.id = ANY(ARRAY(SELECT id FROM chosen))
+    RETURNING t.*
+),
+taken AS (
+    UPDATE task_type_slots AS s
+    SET task_id = c.id, lease_token = c.lease_token, lease_until = c.lease_until
+    FROM claimed AS c
+    WHERE c.slot IS NOT NULL AND s.task_type = c.task_type AND s.slot = c.slot
+),
+given_back AS (
+    UPDATE task_type_slots AS s
+    SET task_id = NULL, lease_token = NULL, lease_until = NULL
+    WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
+                                    FROM task_type_slots AS held
+                                    WHERE held.lease_token = ANY(%(done_tokens)s::bigint[])
+                                    FOR UPDATE SKIP LOCKED)
+      AND NOT EXISTS (SELECT 1 FROM placed
+                      WHERE placed.task_type = s.task_type AND placed.slot = s.slot)
+)
+SELECT TRUE AS completed, NULL::text AS id, NULL::text AS name, NULL::text AS task_type,
+       NULL::text AS payload, NULL::integer AS priority, NULL::integer AS retry_count,
+       NULL::integer AS max_retries, NULL::integer AS attempts, done.lease_token,
+       NULL::timestamptz AS scheduled_time, NULL::timestamptz AS created_at,
+       NULL::bigint AS position
+FROM done
+UNION ALL
+SELECT FALSE, c.id, c.name, c.task_type, c.payload::text, c.priority, c.retry_count,
+       c.max_retries, c.attempts, c.lease_token,
+       CASE WHEN isfinite(c.scheduled_time) THEN c.scheduled_time END,
+       CASE WHEN isfinite(c.created_at) THEN c.created_at END,
+       row_number() OVER (ORDER BY c.priority DESC, c.scheduled_time, c.created_at)
+FROM claimed AS c
+UNION ALL
+-- One row more when a limit binds one of the worker's unpaused types: store.py then uses
+-- complete_and_claim_limited from the next claim on (and this one's leftover places).
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type));
 
 -- name: renew_leases
 -- One statement renews every lease a daemon's children hold. Each row is conditioned on its
 -- owner and its fencing token; a claim missing from the answer is lost. Rows are found by
 -- primary key, each matched to its own token and owner by its place in the arrays.
+-- A claim that took a slot of a limited type (migration 0007) keeps its lease only with its
+-- slot: a lease that lapsed and is renewed late, after another claim took the slot, is lost,
+-- so that the limit holds even then. The slot's row is locked and rechecked by this UPDATE,
+-- so a slot taken since this statement began is seen taken.
+WITH slots_renewed AS (
+    UPDATE task_type_slots AS s
+    SET lease_until = now() + (%(lease_seconds)s * interval '1 second')
+    WHERE s.lease_token = ANY(%(tokens)s::bigint[])
+    RETURNING s.lease_token
+)
 UPDATE tasks AS t
 SET
     lease_until = now() + (%(lease_seconds)s * interval '1 second'),
@@ -157,6 +383,7 @@ WHERE t.id = ANY(%(ids)s::text[])
   AND t.status = 'RUNNING'
   AND t.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::text[], t.id)]
   AND t.claimed_by = (%(workers)s::text[])[array_position(%(ids)s::text[], t.id)]
+  AND (t.slot IS NULL OR t.lease_token IN (SELECT lease_token FROM slots_renewed))
 RETURNING t.lease_token;
 
 -- name: claim_states
@@ -165,75 +392,111 @@ SELECT id, status, lease_token FROM tasks WHERE id = ANY(%(ids)s::text[]);
 
 -- name: release_tasks
 -- Give claims back without spending a retry: a stopping daemon, or tasks of a batch that
--- would wait too long behind a slow handler. Conditioned on each claim's token.
-UPDATE tasks AS t
-SET
-    status = 'PENDING',
-    claimed_by = NULL,
-    lease_token = NULL,
-    lease_until = NULL,
-    updated_at = now()
-WHERE t.id = ANY(%(ids)s::text[])
-  AND t.status = 'RUNNING'
-  AND t.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::text[], t.id)]
-RETURNING t.id;
+-- would wait too long behind a slow handler. Conditioned on each claim's token. Their slots
+-- (limited types) are given back: none of them runs.
+WITH released AS (
+    UPDATE tasks AS t
+    SET
+        status = 'PENDING',
+        claimed_by = NULL,
+        lease_token = NULL,
+        lease_until = NULL,
+        updated_at = now()
+    WHERE t.id = ANY(%(ids)s::text[])
+      AND t.status = 'RUNNING'
+      AND t.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::text[], t.id)]
+    RETURNING t.id
+),
+given_back AS (
+    UPDATE task_type_slots AS s
+    SET task_id = NULL, lease_token = NULL, lease_until = NULL
+    WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
+                                    FROM task_type_slots AS held
+                                    WHERE held.lease_token = ANY(%(tokens)s::bigint[])
+                                    FOR UPDATE SKIP LOCKED)
+)
+SELECT id FROM released;
 
 -- name: fail_attempt
 -- A failed run: back to PENDING after the backoff, or FAILED once max_retries retries were
--- spent (max_retries 3 means 4 runs in all) or at once when the failure is permanent.
-UPDATE tasks AS t
-SET
-    status = CASE WHEN %(permanent)s OR t.retry_count >= t.max_retries
-                  THEN 'FAILED' ELSE 'PENDING' END,
-    retry_count = CASE WHEN %(permanent)s OR t.retry_count >= t.max_retries
-                       THEN t.retry_count ELSE t.retry_count + 1 END,
-    scheduled_time = CASE WHEN %(permanent)s OR t.retry_count >= t.max_retries
-                          THEN t.scheduled_time
-                          ELSE now() + pgtaskd_backoff(t.retry_count, %(base_delay)s,
-                                                       %(max_delay)s, %(jitter)s) END,
-    finished_at = CASE WHEN %(permanent)s OR t.retry_count >= t.max_retries
-                       THEN now() ELSE NULL END,
-    error_message = %(error)s,
-    cpu_seconds = %(cpu_seconds)s::float8,
-    peak_rss_bytes = %(peak_rss_bytes)s::bigint,
-    claimed_by = NULL,
-    lease_until = NULL,
-    updated_at = now()
-WHERE t.id = %(task_id)s
-  AND t.status = 'RUNNING'
-  AND t.claimed_by = %(worker_id)s
-  AND t.lease_token = %(token)s
-RETURNING t.status, t.retry_count,
-          CASE WHEN t.status = 'PENDING'
-               THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
-          END AS retry_delay;
+-- spent (max_retries 3 means 4 runs in all) or at once when the failure is permanent. The run
+-- is over either way: its slot (a limited type) is given back, even if the claim was lost.
+WITH failed AS (
+    UPDATE tasks AS t
+    SET
+        status = CASE WHEN %(permanent)s OR t.retry_count >= t.max_retries
+                      THEN 'FAILED' ELSE 'PENDING' END,
+        retry_count = CASE WHEN %(permanent)s OR t.retry_count >= t.max_retries
+                           THEN t.retry_count ELSE t.retry_count + 1 END,
+        scheduled_time = CASE WHEN %(permanent)s OR t.retry_count >= t.max_retries
+                              THEN t.scheduled_time
+                              ELSE now() + pgtaskd_backoff(t.retry_count, %(base_delay)s,
+                                                           %(max_delay)s, %(jitter)s) END,
+        finished_at = CASE WHEN %(permanent)s OR t.retry_count >= t.max_retries
+                           THEN now() ELSE NULL END,
+        error_message = %(error)s,
+        cpu_seconds = %(cpu_seconds)s::float8,
+        peak_rss_bytes = %(peak_rss_bytes)s::bigint,
+        claimed_by = NULL,
+        lease_until = NULL,
+        updated_at = now()
+    WHERE t.id = %(task_id)s
+      AND t.status = 'RUNNING'
+      AND t.claimed_by = %(worker_id)s
+      AND t.lease_token = %(token)s
+    RETURNING t.status, t.retry_count,
+              CASE WHEN t.status = 'PENDING'
+                   THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
+              END AS retry_delay
+),
+given_back AS (
+    UPDATE task_type_slots AS s
+    SET task_id = NULL, lease_token = NULL, lease_until = NULL
+    WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
+                                    FROM task_type_slots AS held
+                                    WHERE held.lease_token = %(token)s
+                                    FOR UPDATE SKIP LOCKED)
+)
+SELECT * FROM failed;
 
 -- name: rescue_task
 -- The supervisor saw the child holding this claim die: the run counts as a failed attempt at
 -- once, instead of after the lease expires. Conditioned on the claim's token only, because
--- the dead child's worker id is the one on the row.
-UPDATE tasks AS t
-SET
-    status = CASE WHEN t.retry_count >= t.max_retries THEN 'FAILED' ELSE 'PENDING' END,
-    retry_count = CASE WHEN t.retry_count >= t.max_retries
-                       THEN t.retry_count ELSE t.retry_count + 1 END,
-    scheduled_time = CASE WHEN t.retry_count >= t.max_retries
-                          THEN t.scheduled_time
-                          ELSE now() + pgtaskd_backoff(t.retry_count, %(base_delay)s,
-                                                       %(max_delay)s, %(jitter)s) END,
-    finished_at = CASE WHEN t.retry_count >= t.max_retries THEN now() ELSE NULL END,
-    error_message = %(error)s,
-    claimed_by = NULL,
-    lease_token = NULL,
-    lease_until = NULL,
-    updated_at = now()
-WHERE t.id = %(task_id)s
-  AND t.status = 'RUNNING'
-  AND t.lease_token = %(token)s
-RETURNING t.id, t.task_type, t.status, t.retry_count,
-          CASE WHEN t.status = 'PENDING'
-               THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
-          END AS retry_delay;
+-- the dead child's worker id is the one on the row. A dead child runs nothing: its slot (a
+-- limited type) is given back.
+WITH rescued AS (
+    UPDATE tasks AS t
+    SET
+        status = CASE WHEN t.retry_count >= t.max_retries THEN 'FAILED' ELSE 'PENDING' END,
+        retry_count = CASE WHEN t.retry_count >= t.max_retries
+                           THEN t.retry_count ELSE t.retry_count + 1 END,
+        scheduled_time = CASE WHEN t.retry_count >= t.max_retries
+                              THEN t.scheduled_time
+                              ELSE now() + pgtaskd_backoff(t.retry_count, %(base_delay)s,
+                                                           %(max_delay)s, %(jitter)s) END,
+        finished_at = CASE WHEN t.retry_count >= t.max_retries THEN now() ELSE NULL END,
+        error_message = %(error)s,
+        claimed_by = NULL,
+        lease_token = NULL,
+        lease_until = NULL,
+        updated_at = now()
+    WHERE t.id = %(task_id)s
+      AND t.status = 'RUNNING'
+      AND t.lease_token = %(token)s
+    RETURNING t.id, t.task_type, t.status, t.retry_count,
+              CASE WHEN t.status = 'PENDING'
+                   THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
+              END AS retry_delay
+),
+given_back AS (
+    UPDATE task_type_slots AS s
+    SET task_id = NULL, lease_token = NULL, lease_until = NULL
+    WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
+                                    FROM task_type_slots AS held
+                                    WHERE held.lease_token = %(token)s
+                                    FOR UPDATE SKIP LOCKED)
+)
+SELECT * FROM rescued;
 
 -- name: reap_expired_leases
 -- Tasks whose owner stopped renewing (a worker of any daemon that died or was cut off). Safe
@@ -605,3 +868,99 @@ SELECT s.name, s.last_enqueued, s.last_task_id, t.status AS last_status
 FROM pgtaskd_schedule_state AS s
 LEFT JOIN tasks AS t ON t.id = s.last_task_id
 WHERE s.name = ANY(%(names)s::text[]);
+
+-- name: set_task_type_limit
+-- Set a global concurrency limit (migration 0007): the limit row and its slots 1..N, in one
+-- statement. Raising a limit adds slots; lowering it leaves the slots above N to be skipped by
+-- every claim, and deletes those no live lease holds (a held one ends with its task, so that
+-- lowering a limit stops no running task). Setting the same limit again changes nothing, so
+-- the first setter's time and name stay. previous is the limit before, NULL if none.
+-- Like resume_task_type it notifies pgtaskd_tasks when the limit grew and tasks are due, so
+-- that idle workers take the new places at once.
+WITH before AS (
+    SELECT (SELECT max_running FROM task_type_limits
+             WHERE task_type = %(task_type)s) AS max_running
+),
+upserted AS (
+    INSERT INTO task_type_limits (task_type, max_running, updated_by)
+    VALUES (%(task_type)s, %(max_running)s, %(updated_by)s)
+    ON CONFLICT (task_type) DO UPDATE
+        SET max_running = EXCLUDED.max_running, updated_at = now(),
+            updated_by = EXCLUDED.updated_by
+        WHERE task_type_limits.max_running <> EXCLUDED.max_running
+    RETURNING task_type
+),
+added AS (
+    INSERT INTO task_type_slots (task_type, slot)
+    SELECT %(task_type)s, generate_series(1, %(max_running)s)
+    ON CONFLICT (task_type, slot) DO NOTHING
+),
+pruned AS (
+    DELETE FROM task_type_slots AS s
+    WHERE s.task_type = %(task_type)s
+      AND s.slot > %(max_running)s
+      AND (s.task_id IS NULL OR s.lease_until <= now())
+),
+due AS (
+    SELECT count(*) AS tasks
+    FROM (SELECT 1 FROM tasks AS t
+          WHERE t.status = 'PENDING' AND t.task_type = %(task_type)s
+            AND t.scheduled_time <= now()
+          LIMIT 1000) AS capped
+),
+wakeup AS (
+    SELECT pg_notify('pgtaskd_tasks', pgtaskd_wakeup_payload(
+               (SELECT n.nspname FROM pg_class AS c
+                  JOIN pg_namespace AS n ON n.oid = c.relnamespace
+                 WHERE c.oid = 'tasks'::regclass),
+               ARRAY[%(task_type)s::text], due.tasks, NULL))
+    FROM before, due
+    WHERE due.tasks > 0 AND before.max_running < %(max_running)s
+)
+SELECT %(task_type)s::text AS task_type, %(max_running)s::integer AS max_running,
+       before.max_running AS previous, (SELECT count(*) FROM upserted) > 0 AS changed,
+       (SELECT count(*) FROM wakeup) > 0 AS notified
+FROM before;
+
+-- name: remove_task_type_limit
+-- Remove a limit: claims stop taking slots of the type from their next statement on. Slots
+-- still held stay until their tasks end (their renewals need them) and are ignored meanwhile;
+-- the others go now. Notifies as a raised limit does. No row: the type had no limit.
+WITH removed AS (
+    DELETE FROM task_type_limits
+    WHERE task_type = %(task_type)s
+    RETURNING task_type, max_running
+),
+pruned AS (
+    DELETE FROM task_type_slots AS s
+    WHERE s.task_type IN (SELECT task_type FROM removed)
+      AND (s.task_id IS NULL OR s.lease_until <= now())
+),
+due AS (
+    SELECT count(*) AS tasks
+    FROM (SELECT 1 FROM tasks AS t, removed
+          WHERE t.status = 'PENDING' AND t.task_type = removed.task_type
+            AND t.scheduled_time <= now()
+          LIMIT 1000) AS capped
+),
+wakeup AS (
+    SELECT pg_notify('pgtaskd_tasks', pgtaskd_wakeup_payload(
+               (SELECT n.nspname FROM pg_class AS c
+                  JOIN pg_namespace AS n ON n.oid = c.relnamespace
+                 WHERE c.oid = 'tasks'::regclass),
+               ARRAY[removed.task_type], due.tasks, NULL))
+    FROM removed, due
+    WHERE due.tasks > 0
+)
+SELECT removed.task_type, removed.max_running, (SELECT count(*) FROM wakeup) > 0 AS notified
+FROM removed;
+
+-- name: list_limits
+-- The global concurrency limits, each with how many of its slots a live lease holds now
+-- (running: at most max_running, more only for a moment after the limit was lowered).
+SELECT l.task_type, l.max_running, l.updated_at, l.updated_by,
+       (SELECT count(*) FROM task_type_slots AS s
+         WHERE s.task_type = l.task_type AND s.task_id IS NOT NULL
+           AND s.lease_until > now()) AS running
+FROM task_type_limits AS l
+ORDER BY l.task_type;

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import weakref
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Iterator, Sequence
@@ -103,6 +104,12 @@ def _backoff(retry: RetryConfig) -> dict[str, float]:
     return {"base_delay": retry.base_delay, "max_delay": retry.max_delay, "jitter": retry.jitter}
 
 
+# Connections whose last claim found a global limit on one of its worker's types: their next
+# claim goes through complete_and_claim_limited. A connection not seen yet starts there too,
+# and learns from its first answer.
+_LIMITED: weakref.WeakKeyDictionary[psycopg.Connection, bool] = weakref.WeakKeyDictionary()
+
+
 def complete_and_claim(conn, completions: Sequence[Claim], *, worker_id: str,
                        task_types: Iterable[str], lease_seconds: float, limit: int,
                        usage: Sequence[tuple[float | None, int | None]] | None = None
@@ -111,16 +118,38 @@ def complete_and_claim(conn, completions: Sequence[Claim], *, worker_id: str,
     of these types, in one transaction: the tokens whose completion landed, and the claimed
     rows in the order to run them, each with ``payload`` as JSON text (the caller decodes
     it) and its own ``lease_token``. ``usage``, one (CPU seconds, peak RSS bytes) per
-    completion, is recorded with it."""
+    completion, is recorded with it.
+
+    Tasks of a type with a global limit are claimed only through the limit's slots
+    (complete_and_claim_limited). Without limits the plain statement is a fifth cheaper, so
+    it is the one used while the last answer on this connection said no limit binds these
+    types; when a limit appears, the plain statement leaves those types out and says so, and
+    a second statement claims their share at once.
+    """
+    task_types = list(task_types)
     usage = usage or [(None, None)] * len(completions)
-    rows = _all(conn, "complete_and_claim", {
+    params = {
         "worker_id": worker_id, "done_ids": [c.task_id for c in completions],
         "done_tokens": [c.token for c in completions],
         "done_cpu": [u[0] for u in usage], "done_rss": [u[1] for u in usage],
-        "task_types": list(task_types), "lease_seconds": lease_seconds, "limit": limit})
-    landed = {row["lease_token"] for row in rows if row["completed"]}
-    claimed = sorted((row for row in rows if not row["completed"]), key=lambda r: r["position"])
+        "task_types": task_types, "lease_seconds": lease_seconds, "limit": limit}
+    limited = _LIMITED.get(conn, True)
+    landed, claimed, limits_bind = _complete_and_claim(conn, limited, params)
+    _LIMITED[conn] = limits_bind
+    if limits_bind and not limited and len(claimed) < limit:
+        _, more, _ = _complete_and_claim(conn, True, {
+            **params, "done_ids": [], "done_tokens": [], "done_cpu": [], "done_rss": [],
+            "limit": limit - len(claimed)})
+        claimed += more
     return landed, claimed
+
+
+def _complete_and_claim(conn, limited: bool, params: dict) -> tuple[set[int], list[dict], bool]:
+    rows = _all(conn, "complete_and_claim_limited" if limited else "complete_and_claim", params)
+    landed = {row["lease_token"] for row in rows if row["completed"]}
+    claimed = sorted((row for row in rows if row["completed"] is False),
+                     key=lambda r: r["position"])
+    return landed, claimed, any(row["completed"] is None for row in rows)
 
 
 def claim_tasks(conn, *, worker_id: str, task_types: Iterable[str], lease_seconds: float,
@@ -351,6 +380,26 @@ def resume_task_type(conn, task_type: str) -> dict | None:
 def list_pauses(conn) -> list[dict]:
     """The paused task types: {task_type, paused_at, paused_by, due_pending}, by type."""
     return _all(conn, "list_pauses", {})
+
+
+def set_task_type_limit(conn, task_type: str, max_running: int, *,
+                        updated_by: str | None) -> dict:
+    """Set the global concurrency limit of a task type: {task_type, max_running, previous
+    (None if it had none), changed, notified (idle workers woken for a raised limit)}."""
+    return _one(conn, "set_task_type_limit", {"task_type": task_type, "max_running": max_running,
+                                              "updated_by": updated_by})
+
+
+def remove_task_type_limit(conn, task_type: str) -> dict | None:
+    """Remove a task type's global limit: {task_type, max_running, notified}, or None when it
+    had none."""
+    return _one(conn, "remove_task_type_limit", {"task_type": task_type})
+
+
+def list_limits(conn) -> list[dict]:
+    """The global concurrency limits: {task_type, max_running, updated_at, updated_by,
+    running}, by type."""
+    return _all(conn, "list_limits", {})
 
 
 def list_tasks(conn, *, status: str | None, task_type: str | None, limit: int) -> list[dict]:

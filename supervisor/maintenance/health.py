@@ -38,6 +38,8 @@ class HealthReport:
     # Due tasks of paused types, left out of old_pending and oldest_pending_age.
     paused_due: int = 0
     paused_types: tuple[str, ...] = ()
+    # Global concurrency limits: task type -> (max_running, running under a live lease).
+    limits: dict[str, tuple[int, int]] = field(default_factory=dict)
     tasks_by_status: dict[str, int] = field(default_factory=dict)
     # True when the finished statuses' counts are the statistics' estimates (a large table).
     finished_estimated: bool = False
@@ -78,6 +80,8 @@ class HealthReport:
             },
             "tasks_by_status": self.tasks_by_status,
             "paused_task_types": list(self.paused_types),
+            "limits": {task_type: {"max_running": max_running, "running": running}
+                       for task_type, (max_running, running) in self.limits.items()},
             "finished_counts_estimated": self.finished_estimated,
             "age_seconds": round(time.monotonic() - self.checked_at, 3),
         }
@@ -108,12 +112,14 @@ class HealthChecker(PeriodicService):
         queue = store.queue_health(conn, max_pending_age=self.max_pending_age,
                                    lease_grace=self.lease_grace)
         counts, estimated = store.live_counts(conn)
+        limits = {row["task_type"]: (row["max_running"], row["running"])
+                  for row in store.list_limits(conn)}
         report = HealthReport(
             database_ok=True, old_pending=queue["old_pending"],
             expired_leases=queue["expired_leases"], stuck_leases=queue["stuck_leases"],
             oldest_pending_age=queue["oldest_pending_age"] or 0.0, tasks_by_status=counts,
             paused_due=queue["paused_due"], paused_types=tuple(queue["paused_types"]),
-            finished_estimated=estimated, children=self.children(),
+            finished_estimated=estimated, limits=limits, children=self.children(),
         )
         with self._lock:
             self._latest = report
@@ -125,4 +131,5 @@ class HealthChecker(PeriodicService):
             self._latest = HealthReport(
                 database_ok=False, database_error=one_line(exc),
                 tasks_by_status=previous.tasks_by_status, paused_types=previous.paused_types,
+                limits=previous.limits,
                 children=self.children())

@@ -46,6 +46,17 @@ class QueueCollector:
         for task_type in report.paused_types:
             paused.add_metric([task_type], 1)
         yield paused
+        limit = GaugeMetricFamily("pgtaskd_task_type_limit",
+                                  "Global concurrency limit of a task type (pgtaskd limit)",
+                                  labels=["task_type"])
+        running = GaugeMetricFamily("pgtaskd_task_type_limit_running",
+                                    "Tasks of a limited type running under a live lease",
+                                    labels=["task_type"])
+        for task_type, (max_running, now_running) in report.limits.items():
+            limit.add_metric([task_type], max_running)
+            running.add_metric([task_type], now_running)
+        yield limit
+        yield running
         yield GaugeMetricFamily("pgtaskd_live_children", "Worker children alive",
                                 value=report.children.live)
         yield GaugeMetricFamily("pgtaskd_expected_children", "Worker children configured",

@@ -69,12 +69,17 @@ SKEWS = {
 }
 
 
-# Due rows, at a higher priority than the work a claim may take, of a type the test pauses:
+# Due rows, at a higher priority than the work a claim may take, of a type the test pauses
+# (or whose limit it fills):
 # kept apart from SKEWS, whose every entry the tests above run against an unpaused claim.
 PAUSED_SKEWS = {
     "paused_type_due": "INSERT INTO tasks (id, name, task_type, priority) "
                        "SELECT 'paused' || g, 'n', 'paused', 9 "
                        "FROM generate_series(%(from)s::int, %(n)s::int) g",
+    # The same, of a type whose global limit is full.
+    "full_limited_type_due": "INSERT INTO tasks (id, name, task_type, priority) "
+                             "SELECT 'limited' || g, 'n', 'limited', 9 "
+                             "FROM generate_series(%(from)s::int, %(n)s::int) g",
 }
 
 
@@ -202,3 +207,17 @@ def test_the_workers_connections_plan_the_claim_once_and_never_compile_it(db_dsn
                 "a handler's own queries keep PostgreSQL's defaults"
     finally:
         handlers.close()
+
+
+@pytest.mark.parametrize("limit", [1, 10])
+def test_the_claim_never_reads_the_due_rows_of_a_type_whose_limit_is_full(conn, limit):
+    conn.execute("INSERT INTO task_type_limits (task_type, max_running) VALUES ('limited', 1)")
+    conn.execute("INSERT INTO task_type_slots (task_type, slot, task_id, lease_token, "
+                 "lease_until) VALUES ('limited', 1, 'holder', 1, now() + interval '1 hour')")
+    add_due(conn, 50)
+    params = claim_params(limit, types=("echo", "limited"))
+    assert_flat(skewed_buffers(conn, "full_limited_type_due", "complete_and_claim_limited",
+                               params), limit)
+    claimed = [r for r in conn.execute(QUERIES["complete_and_claim_limited"], params).fetchall()
+               if r[0] is False]
+    assert len(claimed) == limit and {r[3] for r in claimed} == {"echo"}

@@ -32,7 +32,7 @@ COMMANDS = ["submit", "cancel", "retry", "show", "list", "stats", "migrate", "ch
 COLUMNS = ["id", "name", "task_type", "payload", "priority", "scheduled_time", "status",
            "retry_count", "max_retries", "created_at", "updated_at", "claimed_by", "lease_until",
            "error_message", "lease_token", "attempts", "started_at", "finished_at",
-           "unique_key", "cpu_seconds", "peak_rss_bytes"]
+           "unique_key", "cpu_seconds", "peak_rss_bytes", "slot"]
 
 
 def pgtaskd(*args: str, dsn: str | None, stdin: str | None = None,
@@ -358,7 +358,7 @@ def test_stats_text_and_json(db_dsn, conn):
     assert type_lines["echo"] == ["1", "0", "0", "1", "0", "2"]
     stats = json.loads(pgtaskd("stats", "--json", dsn=db_dsn).stdout)
     assert set(stats) == {"total", "by_status", "by_type", "due_pending", "oldest_pending_age",
-                          "expired_leases", "paused_due_pending", "paused_types"}
+                          "expired_leases", "paused_due_pending", "paused_types", "limits"}
     assert stats["total"] == 3 and stats["by_status"]["FAILED"] == 1
     assert stats["by_type"]["report"]["PENDING"] == 1
     assert stats["due_pending"] == 2 and 90 <= stats["oldest_pending_age"] < 120
@@ -410,8 +410,8 @@ def test_pausing_a_type_no_handler_in_the_config_runs_warns_but_pauses(db_dsn, t
 
 def test_a_bad_type_pauses_nothing(db_dsn):
     assert_refused(pgtaskd("pause", "echo", "t" * 10_000, dsn=db_dsn), 2,
-                   "task_type: longer than 200 characters")
-    assert_refused(pgtaskd("pause", "echo", "", dsn=db_dsn), 2, "task_type: must not be empty")
+                   "TYPE: longer than 200 characters")
+    assert_refused(pgtaskd("pause", "echo", "", dsn=db_dsn), 2, "TYPE: must not be empty")
     assert_refused(pgtaskd("resume", dsn=db_dsn), 2, "required: TYPE")
     assert Client(db_dsn).paused() == []
 
@@ -580,14 +580,14 @@ def test_a_database_without_the_schema_says_to_migrate(empty_db_dsn):
     (["submit", "echo", "--at", "2030-01-01T09:00Z", "--in", "5m"], "not allowed with"),
     (["submit", "echo", "--in=-5s"], "as a duration"),
     (["submit", "echo", "--in", "3 weeks"], "as a duration"),
-    (["submit", "echo", "--max-retries", "-1"], "max_retries: must be 0 or more"),
+    (["submit", "echo", "--max-retries", "-1"], "--max-retries: must be 0 or more"),
     (["submit", "echo", "--priority", "high"], "invalid int value: 'high'"),
-    (["submit", "echo", "--priority", "3000000000"], "priority: must be at most"),
+    (["submit", "echo", "--priority", "3000000000"], "--priority: must be at most"),
     (["submit", "echo", "--id", "has\ttab"], "control"),
-    (["submit", "echo", "--unique-key", "k" * 10_000], "unique_key: longer than 200 characters"),
-    (["submit", "echo", "--unique-key", ""], "unique_key: must not be empty"),
-    (["submit", "echo", "--unique-key", "a\x1b[31m"], "unique_key: must not contain control"),
-    (["submit", "", "--id", "x"], "task_type: must not be empty"),
+    (["submit", "echo", "--unique-key", "k" * 10_000], "--unique-key: longer than 200 characters"),
+    (["submit", "echo", "--unique-key", ""], "--unique-key: must not be empty"),
+    (["submit", "echo", "--unique-key", "a\x1b[31m"], "--unique-key: must not contain control"),
+    (["submit", "", "--id", "x"], "TYPE: must not be empty"),
     (["submit"], "required: TYPE"),
     (["list", "--status", "done"], "unknown status 'done'"),
     (["list", "--limit", "0"], "limit: must be 1 or more"),
@@ -724,3 +724,35 @@ def test_bad_input_of_any_shape_is_refused_without_a_trace(shared_dsn, shared_co
     assert_refused(result, code)
     assert shared_conn.execute("SELECT count(*), max(updated_at) FROM tasks").fetchone() == before
     assert row(shared_conn, "never") is None
+
+
+def test_limit_sets_changes_lists_and_removes_a_global_limit(db_dsn):
+    result = pgtaskd("limit", "charge", "2", dsn=db_dsn)
+    assert (result.returncode, result.stdout, result.stderr) == \
+        (0, "charge: at most 2 running\n", "")
+    result = pgtaskd("limit", "charge", "3", dsn=db_dsn)
+    assert (result.stdout, result.stderr) == ("charge: at most 3 running\n",
+                                              "note: the limit was 2\n")
+    listing = pgtaskd("limits", dsn=db_dsn).stdout.splitlines()
+    assert listing[0].split() == ["TYPE", "LIMIT", "RUNNING", "SET", "BY"]
+    assert listing[1].split()[:3] == ["charge", "3", "0"]
+    (row,) = json.loads(pgtaskd("limits", "--json", dsn=db_dsn).stdout)
+    assert (row["task_type"], row["max_running"], row["running"]) == ("charge", 3, 0)
+    result = pgtaskd("limit", "charge", "off", dsn=db_dsn)
+    assert (result.returncode, result.stdout) == (0, "charge: no limit\n")
+    assert pgtaskd("limit", "charge", "off", dsn=db_dsn).stderr == "note: 'charge' had no limit\n"
+    assert pgtaskd("limits", dsn=db_dsn).stdout == "(no limits)\n"
+
+
+@pytest.mark.parametrize("arguments, fragment", [
+    (["limit", "charge", "0"], "argument N: must be a whole number from 1 to 10000, or 'off', "
+                               "got '0'"),
+    (["limit", "charge", "-1"], "argument N: must be a whole number from 1 to 10000"),
+    (["limit", "charge", "two"], "argument N: must be a whole number from 1 to 10000"),
+    (["limit", "charge", "10001"], "argument N: must be a whole number from 1 to 10000"),
+    (["limit", "", "2"], "TYPE: must not be empty"),
+    (["limit", "t" * 10_000, "2"], "TYPE: longer than 200 characters"),
+])
+def test_a_bad_limit_is_refused_in_one_line_and_sets_nothing(db_dsn, arguments, fragment):
+    assert_refused(pgtaskd(*arguments, dsn=db_dsn), 2, fragment)
+    assert Client(db_dsn).limits() == []

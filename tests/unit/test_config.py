@@ -482,3 +482,27 @@ def test_a_type_without_a_handler_is_a_warning_not_a_problem():
     # A config that names no handler only enqueues: it cannot tell.
     assert parse({"schedules": {"resize": {"cron": "@hourly", "task_type": "resize"}}}
                  ).warnings() == []
+
+
+def test_limits_are_read_as_task_type_to_a_number():
+    assert parse({"limits": {"charge": 2, "report": 10_000}}).limits == \
+        {"charge": 2, "report": 10_000}
+    assert parse({}).limits == {}
+
+
+@pytest.mark.parametrize("limits, key_path", [
+    ({"charge": 0}, "limits.charge"),
+    ({"charge": -1}, "limits.charge"),
+    ({"charge": 10_001}, "limits.charge"),
+    ({"charge": 1.5}, "limits.charge"),
+    ({"charge": True}, "limits.charge"),
+    ({"charge": "2"}, "limits.charge"),
+    ({"charge": None}, "limits.charge"),
+    ({"": 2}, "limits.''"),
+    ({"t" * 201: 2}, "limits.'" + "t" * 27),
+    (["charge"], "limits"),
+])
+def test_a_bad_limit_is_named_by_its_path(limits, key_path):
+    problems = problems_of({"limits": limits})
+    assert len(problems) == 1 and problems[0].startswith(key_path), problems
+    assert "\n" not in problems[0]

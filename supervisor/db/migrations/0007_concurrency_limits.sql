@@ -1,0 +1,38 @@
+-- Global concurrency limits: at most max_running tasks of a type RUNNING under a live lease,
+-- across every daemon on every host.
+--
+-- A limit of N is N slot rows. A claim of a limited type must take a free slot in the same
+-- statement, and a slot is free only by what its own row says (no task holds it, or its
+-- lease ran out): a claimer that locks a slot another claimer has just taken re-reads the
+-- row (READ COMMITTED's recheck of a locked row) and sees it taken. Counting RUNNING tasks
+-- instead would be racy: two claims that start together both count from a snapshot taken
+-- before either commits, and both take the last place.
+-- A slot's lease moves with its task's: set by the claim, extended by the same statement that
+-- renews the task's lease, given back by the owner's final write. A holder killed with -9
+-- gives nothing back; its slot is free again when its lease runs out, as its task is.
+CREATE TABLE task_type_limits (
+    task_type TEXT PRIMARY KEY,
+    max_running INTEGER NOT NULL CHECK (max_running > 0),
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- Who set it (a daemon's name, or the operator's CLI), for whoever wonders why.
+    updated_by TEXT
+);
+
+-- Slots above max_running (a lowered limit) are never taken again; a held one stays until its
+-- task ends, so lowering a limit stops no running task, and the next apply deletes it.
+CREATE TABLE task_type_slots (
+    task_type TEXT NOT NULL,
+    slot INTEGER NOT NULL CHECK (slot > 0),
+    task_id TEXT,
+    lease_token BIGINT,
+    lease_until TIMESTAMPTZ,
+    PRIMARY KEY (task_type, slot)
+);
+CREATE UNIQUE INDEX task_type_slots_token_idx ON task_type_slots (lease_token)
+    WHERE lease_token IS NOT NULL;
+
+-- The slot a claim took, if its type was limited then: a renewal keeps the task's lease only
+-- while its slot is still its own (a lease that lapsed and came back late must not run beside
+-- the task that took its slot meanwhile). NULL for a claim made while its type had no limit,
+-- which then renews as before.
+ALTER TABLE tasks ADD COLUMN slot INTEGER;

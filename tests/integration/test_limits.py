@@ -1,0 +1,233 @@
+"""Global concurrency limits (migration 0007) at the SQL level: a claim takes a slot of its
+type's limit in the same statement, concurrent claims never take more slots than there are,
+every way out of a run gives its slot back, and a slot whose lease ran out is free again."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from conftest import wait_until
+from supervisor import Client
+from supervisor.config import RetryConfig
+from supervisor.db import store
+from supervisor.errors import UsageError
+from worker_fixtures import add_task, task_row
+
+pytest_plugins = ["worker_fixtures"]
+
+NO_BACKOFF = RetryConfig(base_delay=0, max_delay=0, jitter=0)
+
+
+@pytest.fixture
+def client(db_dsn):
+    with Client(db_dsn) as owned:
+        yield owned
+
+
+def claim(conn, *types: str, limit: int = 10, worker: str = "w", lease: float = 30,
+          done=()) -> list[dict]:
+    return store.complete_and_claim(conn, done, worker_id=worker, task_types=types,
+                                    lease_seconds=lease, limit=limit)[1]
+
+
+def ids(rows) -> list[str]:
+    return [row["id"] for row in rows]
+
+
+def held_slots(conn, task_type: str = "echo") -> list[str]:
+    return [task_id for (task_id,) in conn.execute(
+        "SELECT task_id FROM task_type_slots WHERE task_type = %s AND task_id IS NOT NULL "
+        "AND lease_until > now() ORDER BY slot", (task_type,))]
+
+
+def as_claim(row: dict, worker: str = "w") -> store.Claim:
+    return store.Claim(row["id"], worker, row["lease_token"])
+
+
+def test_a_claim_takes_no_more_than_the_free_slots_and_fills_up_with_other_types(client,
+                                                                                 conn):
+    client.set_limit("echo", 2)
+    for n in range(5):
+        add_task(conn, f"echo-{n}", "echo", priority=9)
+    for n in range(3):
+        add_task(conn, f"record-{n}", "record")
+    rows = claim(conn, "echo", "record", limit=5)
+    assert ids(rows) == ["echo-0", "echo-1", "record-0", "record-1", "record-2"]
+    assert held_slots(conn) == ["echo-0", "echo-1"]
+    assert {task_row(conn, t)["slot"] for t in ("echo-0", "echo-1")} == {1, 2}
+    assert task_row(conn, "record-0")["slot"] is None
+    # Full: the type is left out before its rows are read, the others still come.
+    add_task(conn, "record-3", "record")
+    assert ids(claim(conn, "echo", "record")) == ["record-3"]
+    assert ids(claim(conn, "echo")) == []
+
+
+def test_concurrent_claims_never_take_more_than_the_limit(client, db_dsn, conn):
+    client.set_limit("echo", 3)
+    for n in range(40):
+        add_task(conn, f"t{n}")
+    claimers = 8
+    start = threading.Barrier(claimers)
+    taken: list[str] = []
+    lock = threading.Lock()
+
+    def claimer(n: int) -> None:
+        with psycopg.connect(db_dsn, autocommit=True) as own:
+            start.wait()
+            for _ in range(20):
+                rows = claim(own, "echo", limit=1 + n % 3, worker=f"w{n}")
+                with lock:
+                    taken.extend(ids(rows))
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(claimers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(taken) == 3, taken
+    running = conn.execute("SELECT count(*) FROM tasks WHERE status = 'RUNNING'").fetchone()[0]
+    assert running == 3
+    assert sorted(held_slots(conn)) == sorted(taken)
+
+
+def test_a_completion_gives_its_slot_to_the_next_claim_in_the_same_statement(client, conn):
+    client.set_limit("echo", 1)
+    for n in range(3):
+        add_task(conn, f"t{n}")
+    (first,) = claim(conn, "echo")
+    done, rows = store.complete_and_claim(conn, [as_claim(first)], worker_id="w",
+                                          task_types=["echo"], lease_seconds=30, limit=5)
+    assert done == {first["lease_token"]}
+    assert ids(rows) == ["t1"]
+    assert held_slots(conn) == ["t1"]
+    # Completed while claiming only another type: the slot is freed, not kept.
+    add_task(conn, "r0", "record")
+    store.complete_and_claim(conn, [as_claim(rows[0])], worker_id="w", task_types=["record"],
+                             lease_seconds=30, limit=5)
+    assert held_slots(conn) == []
+    assert ids(claim(conn, "echo")) == ["t2"]
+
+
+@pytest.mark.parametrize("way_out", ["fail", "fail_permanently", "release", "rescue"])
+def test_every_end_of_a_run_gives_its_slot_back(client, conn, way_out):
+    client.set_limit("echo", 1)
+    add_task(conn, "t0")
+    add_task(conn, "t1")
+    (row,) = claim(conn, "echo")
+    assert ids(claim(conn, "echo")) == []
+    if way_out.startswith("fail"):
+        store.fail_attempt(conn, as_claim(row), error="boom", permanent=way_out != "fail",
+                           retry=NO_BACKOFF)
+    elif way_out == "release":
+        assert store.release_tasks(conn, [(row["id"], row["lease_token"])]) == {"t0"}
+    else:
+        assert store.rescue_task(conn, "t0", row["lease_token"], error="child died",
+                                 retry=NO_BACKOFF) is not None
+    assert held_slots(conn) == []
+    assert len(claim(conn, "echo")) == 1
+
+
+def test_a_slot_whose_lease_ran_out_is_free_and_its_late_renewal_is_lost(client, conn):
+    client.set_limit("echo", 1)
+    add_task(conn, "t0")
+    add_task(conn, "t1")
+    (first,) = claim(conn, "echo", lease=0.2, worker="killed")
+    wait_until(lambda: not held_slots(conn), message="the slot's lease to run out")
+    # t0's lease ran out too: the claim may take it over or t1; either way it takes the slot.
+    (second,) = claim(conn, "echo", worker="alive")
+    assert held_slots(conn) == [second["id"]]
+    # The first holder comes back (it was frozen, not dead) and renews: the slot is not its
+    # own any more, so neither is its lease, even where its task row is still its own.
+    assert store.renew_leases(conn, [as_claim(first, "killed")], lease_seconds=30) == set()
+    assert store.renew_leases(conn, [as_claim(second, "alive")],
+                              lease_seconds=30) == {second["lease_token"]}
+
+
+def test_a_claim_made_before_the_limit_renews_and_does_not_count(client, conn):
+    add_task(conn, "old", priority=1)
+    add_task(conn, "new")
+    (old,) = claim(conn, "echo", limit=1)
+    client.set_limit("echo", 1)
+    assert store.renew_leases(conn, [as_claim(old)], lease_seconds=30) == {old["lease_token"]}
+    assert ids(claim(conn, "echo")) == ["new"]
+
+
+def test_lowering_a_limit_stops_nothing_and_the_excess_ends_with_its_tasks(client, conn):
+    client.set_limit("echo", 3)
+    for n in range(5):
+        add_task(conn, f"t{n}")
+    rows = claim(conn, "echo")
+    assert len(rows) == 3
+    result = client.set_limit("echo", 1)
+    assert (result["previous"], result["changed"]) == (3, True)
+    # All three renew; none of their slots is taken again until two have ended.
+    assert store.renew_leases(conn, [as_claim(r) for r in rows], lease_seconds=30) == \
+        {r["lease_token"] for r in rows}
+    store.complete_and_claim(conn, [as_claim(rows[2])], worker_id="w", task_types=["echo"],
+                             lease_seconds=30, limit=5)
+    store.complete_and_claim(conn, [as_claim(rows[1])], worker_id="w", task_types=["echo"],
+                             lease_seconds=30, limit=5)
+    assert ids(claim(conn, "echo")) == []
+    store.complete_and_claim(conn, [as_claim(rows[0])], worker_id="w", task_types=[],
+                             lease_seconds=30, limit=0)
+    assert len(claim(conn, "echo")) == 1
+    # The next write of the limit deletes the slots above it that nobody holds.
+    client.set_limit("echo", 1)
+    assert conn.execute("SELECT max(slot) FROM task_type_slots").fetchone()[0] == 1
+
+
+def test_removing_a_limit_frees_the_type_and_held_slots_still_renew(client, conn):
+    client.set_limit("echo", 1)
+    for n in range(3):
+        add_task(conn, f"t{n}")
+    (held,) = claim(conn, "echo")
+    assert client.remove_limit("echo") is True
+    assert client.remove_limit("echo") is False
+    assert len(claim(conn, "echo")) == 2
+    assert store.renew_leases(conn, [as_claim(held)], lease_seconds=30) == {held["lease_token"]}
+    assert client.limits() == []
+
+
+def test_raising_a_limit_wakes_idle_workers(client, db_dsn, conn):
+    client.set_limit("echo", 1)
+    add_task(conn, "t0")
+    add_task(conn, "t1")
+    with psycopg.connect(db_dsn, autocommit=True) as listener:
+        listener.execute("LISTEN pgtaskd_tasks")
+        assert client.set_limit("echo", 2)["notified"] is True
+        assert list(listener.notifies(timeout=2, stop_after=1))
+
+
+def test_limits_lists_what_runs_under_each(client, conn):
+    client.set_limit("echo", 2, set_by="ops@example")
+    add_task(conn, "t0")
+    claim(conn, "echo")
+    (row,) = client.limits()
+    assert (row["task_type"], row["max_running"], row["running"], row["updated_by"]) == \
+        ("echo", 2, 1, "ops@example")
+
+
+@pytest.mark.parametrize("max_running", [0, -1, 10_001, 1.5, True, "2"])
+def test_a_bad_limit_is_refused_with_one_line(client, max_running):
+    with pytest.raises(UsageError) as caught:
+        client.set_limit("echo", max_running)
+    assert "max_running" in str(caught.value) and "\n" not in str(caught.value)
+    assert client.limits() == []
+
+
+def test_a_limit_set_between_two_claims_of_a_connection_binds_the_second(client, conn):
+    """Without limits a connection claims through the plain statement; the first claim after
+    a limit appears leaves the limited type out, says so, and its share is claimed through
+    the slots in the same call."""
+    for n in range(4):
+        add_task(conn, f"t{n}", priority=4 - n)
+    assert ids(claim(conn, "echo", limit=1)) == ["t0"]
+    client.set_limit("echo", 1)
+    assert ids(claim(conn, "echo", limit=5)) == ["t1"]
+    assert held_slots(conn) == ["t1"]
+    assert ids(claim(conn, "echo", limit=5)) == []
+    client.remove_limit("echo")
+    assert ids(claim(conn, "echo", limit=5)) == ["t2", "t3"]

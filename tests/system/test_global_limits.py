@@ -1,0 +1,122 @@
+"""Global concurrency limits with real daemons: several daemons, each with several children,
+never run more tasks of a limited type at once than its limit, by the executions recorded
+outside the database; other types run beside it at full width; a daemon killed with -9
+holds its slot only until its lease runs out."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from conftest import wait_until
+from executions import read_runs
+from supervisor import Client
+
+pytest_plugins = ["daemon"]
+
+
+def most_at_once(runs: list[dict]) -> int:
+    """The largest number of runs open at one instant (an end before a start at a tie)."""
+    edges = sorted([(run["start"], 1) for run in runs]
+                   + [(run["end"] if run["end"] is not None else float("inf"), -1)
+                      for run in runs], key=lambda edge: (edge[0], edge[1]))
+    most = current = 0
+    for _, step in edges:
+        current += step
+        most = max(most, current)
+    return most
+
+
+def completed(conn, prefix: str) -> int:
+    return conn.execute("SELECT count(*) FROM tasks WHERE status = 'COMPLETED' AND id LIKE %s",
+                        (prefix + "%",)).fetchone()[0]
+
+
+def test_three_daemons_of_four_children_never_run_more_than_the_limit(start_daemon, conn,
+                                                                     db_dsn, tmp_path):
+    limited_log, free_log = tmp_path / "limited.log", tmp_path / "free.log"
+    tree = dict(pools={"default": {"processes": 4}}, limits={"sleeps": 2}, poll_interval=0.05)
+    daemons = [start_daemon(f"d{n}", **tree) for n in range(3)]
+    for daemon in daemons:
+        daemon.wait_for("worker_booted", count=4)
+    limited, free = 60, 60
+    with Client(db_dsn) as client:
+        # Both types share the same priorities, so that children go from one type to the
+        # other and slots change hands: a full limited type must neither hold the other type
+        # back nor be starved by it.
+        client.submit_many(
+            [{"task_type": "sleeps", "task_id": f"lim{n}", "priority": n % 3,
+              "payload": {"log": str(limited_log), "seconds": 0.1}} for n in range(limited)]
+            + [{"task_type": "works", "task_id": f"free{n}", "priority": n % 3,
+                "payload": {"log": str(free_log), "seconds": 0.3}} for n in range(free)])
+    wait_until(lambda: completed(conn, "lim") == limited and completed(conn, "free") == free,
+               timeout=120, message="every task to complete")
+
+    limited_runs, free_runs = read_runs(limited_log), read_runs(free_log)
+    assert len(limited_runs) == limited and len(free_runs) == free
+    at_once = most_at_once(limited_runs)
+    holders = len({run["pid"] for run in limited_runs})
+    print(f"\nglobal limit 2 over 3 daemons x 4 children: at most {at_once} limited runs at "
+          f"once (in {holders} processes), {most_at_once(free_runs)} unlimited")
+    assert at_once <= 2
+    assert at_once == 2, "the limit was never used in full"
+    assert most_at_once(free_runs) > 2, "the unlimited type was held to the limit"
+    slots = conn.execute("SELECT count(*) FROM task_type_slots WHERE task_type = 'sleeps' "
+                         "AND task_id IS NOT NULL AND lease_until > now()").fetchone()[0]
+    assert slots == 0, "a finished task kept its slot"
+    for daemon in daemons:
+        assert daemon.returncode() is None
+        assert not daemon.find("loop_error") and not daemon.find("settle_failed")
+
+
+def test_a_slot_held_by_a_daemon_killed_with_9_returns_when_its_lease_does(start_daemon, conn,
+                                                                          db_dsn, tmp_path):
+    log = tmp_path / "runs.log"
+    lease = 3.0
+    tree = dict(pools={"default": {"processes": 2}}, limits={"sleeps": 1},
+                lease={"seconds": lease, "renew_interval": 0.5}, poll_interval=0.1)
+    first = start_daemon("first", **tree)
+    with Client(db_dsn) as client:
+        # t0 runs past the kill and is not retried (the reaper fails it): what the second
+        # daemon runs after the kill is t1 and t2, each only once t0's slot came back.
+        client.submit_many({"task_type": "sleeps", "task_id": f"t{n}", "priority": int(n == 0),
+                            "max_retries": 0 if n == 0 else 5,
+                            "payload": {"log": str(log), "seconds": 60 if n == 0 else 0.1}}
+                           for n in range(3))
+    first.wait_for("task_claimed", task_id="t0")
+    wait_until(lambda: read_runs(log), message="the first run to start")
+
+    first.kill()  # -9 to the supervisor and its children: nobody gives the slot back
+    killed_at = time.monotonic()
+    second = start_daemon("second", **tree)
+    wait_until(lambda: len(read_runs(log)) >= 2, timeout=lease + 10,
+               message="the slot to come back with the lease")
+    runs = read_runs(log)
+    waited = runs[1]["start"] - killed_at
+    print(f"\nslot of a daemon killed with -9 back after {waited:.1f} s (lease {lease:g} s)")
+    # The lease was renewed at most renew_interval before the kill.
+    assert waited >= lease - 0.5 - 0.1, runs
+    wait_until(lambda: completed(conn, "t") == 2, timeout=30, message="t1 and t2 to complete")
+    runs = [dict(run, end=run["end"] if run["end"] is not None else killed_at)
+            for run in read_runs(log)]
+    assert most_at_once(runs) == 1
+    assert second.returncode() is None
+
+
+def test_a_reload_writes_changed_limits_and_removes_only_its_own(start_daemon, db_dsn):
+    daemon = start_daemon(limits={"sleeps": 2})
+    with Client(db_dsn) as client:
+        (row,) = client.limits()
+        assert (row["task_type"], row["max_running"]) == ("sleeps", 2)
+        assert row["updated_by"].startswith("pgtaskd ")
+        client.set_limit("works", 5)  # an operator's, not this config's
+        mark = daemon.mark()
+        daemon.write_config({**daemon.tree, "limits": {"sleeps": 3}})
+        daemon.send(signal.SIGHUP)
+        changed = daemon.wait_for("limit_changed", since=mark, task_type="sleeps")
+        assert (changed["max_running"], changed["previous"]) == (3, 2)
+        mark = daemon.mark()
+        daemon.write_config({k: v for k, v in daemon.tree.items() if k != "limits"})
+        daemon.send(signal.SIGHUP)
+        daemon.wait_for("limit_removed", since=mark, task_type="sleeps")
+        assert [(r["task_type"], r["max_running"]) for r in client.limits()] == [("works", 5)]
