@@ -59,7 +59,7 @@ done AS (
       AND t.status = 'RUNNING'
       AND t.claimed_by = %(worker_id)s
       AND t.lease_token = (%(done_tokens)s::bigint[])[array_position(%(done_ids)s::text[], t.id)]
-    RETURNING t.lease_token
+    RETURNING t.lease_token, t.task_type, t.slot
 ),
 unpaused(task_type) AS MATERIALIZED (
     SELECT requested.task_type
@@ -149,9 +149,12 @@ given_back AS (
     UPDATE task_type_slots AS s
     SET task_id = NULL, lease_token = NULL, lease_until = NULL
     WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
-                                    FROM task_type_slots AS held
-                                    WHERE held.lease_token = ANY(%(done_tokens)s::bigint[])
-                                    FOR UPDATE SKIP LOCKED)
+                                    FROM done
+                                    JOIN task_type_slots AS held
+                                      ON held.task_type = done.task_type
+                                     AND held.slot = done.slot
+                                     AND held.lease_token = done.lease_token
+                                    FOR UPDATE OF held SKIP LOCKED)
 )
 SELECT TRUE AS completed, NULL::text AS id, NULL::text AS name, NULL::text AS task_type,
        NULL::text AS payload, NULL::integer AS priority, NULL::integer AS retry_count,
@@ -203,7 +206,7 @@ done AS (
       AND t.status = 'RUNNING'
       AND t.claimed_by = %(worker_id)s
       AND t.lease_token = (%(done_tokens)s::bigint[])[array_position(%(done_ids)s::text[], t.id)]
-    RETURNING t.lease_token
+    RETURNING t.lease_token, t.task_type, t.slot
 ),
 unpaused(task_type) AS MATERIALIZED (
     SELECT requested.task_type
@@ -336,9 +339,12 @@ given_back AS (
     UPDATE task_type_slots AS s
     SET task_id = NULL, lease_token = NULL, lease_until = NULL
     WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
-                                    FROM task_type_slots AS held
-                                    WHERE held.lease_token = ANY(%(done_tokens)s::bigint[])
-                                    FOR UPDATE SKIP LOCKED)
+                                    FROM done
+                                    JOIN task_type_slots AS held
+                                      ON held.task_type = done.task_type
+                                     AND held.slot = done.slot
+                                     AND held.lease_token = done.lease_token
+                                    FOR UPDATE OF held SKIP LOCKED)
       AND NOT EXISTS (SELECT 1 FROM placed
                       WHERE placed.task_type = s.task_type AND placed.slot = s.slot)
 )
@@ -372,7 +378,9 @@ WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type
 WITH slots_renewed AS (
     UPDATE task_type_slots AS s
     SET lease_until = now() + (%(lease_seconds)s * interval '1 second')
-    WHERE s.lease_token = ANY(%(tokens)s::bigint[])
+    WHERE (s.task_type, s.slot) IN (SELECT t.task_type, t.slot FROM tasks AS t
+                                    WHERE t.id = ANY(%(ids)s::text[]) AND t.slot IS NOT NULL)
+      AND s.lease_token = ANY(%(tokens)s::bigint[])
     RETURNING s.lease_token
 )
 UPDATE tasks AS t
@@ -405,22 +413,26 @@ WITH released AS (
     WHERE t.id = ANY(%(ids)s::text[])
       AND t.status = 'RUNNING'
       AND t.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::text[], t.id)]
-    RETURNING t.id
+    RETURNING t.id, t.task_type, t.slot
 ),
 given_back AS (
     UPDATE task_type_slots AS s
     SET task_id = NULL, lease_token = NULL, lease_until = NULL
     WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
-                                    FROM task_type_slots AS held
+                                    FROM released AS ended
+                                    JOIN task_type_slots AS held
+                                      ON held.task_type = ended.task_type
+                                     AND held.slot = ended.slot
                                     WHERE held.lease_token = ANY(%(tokens)s::bigint[])
-                                    FOR UPDATE SKIP LOCKED)
+                                    FOR UPDATE OF held SKIP LOCKED)
 )
 SELECT id FROM released;
 
 -- name: fail_attempt
 -- A failed run: back to PENDING after the backoff, or FAILED once max_retries retries were
 -- spent (max_retries 3 means 4 runs in all) or at once when the failure is permanent. The run
--- is over either way: its slot (a limited type) is given back, even if the claim was lost.
+-- is over: its slot (a limited type) is given back. (A claim lost meanwhile gave its slot up
+-- with its lease.)
 WITH failed AS (
     UPDATE tasks AS t
     SET
@@ -447,17 +459,21 @@ WITH failed AS (
     RETURNING t.status, t.retry_count,
               CASE WHEN t.status = 'PENDING'
                    THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
-              END AS retry_delay
+              END AS retry_delay,
+              t.task_type, t.slot
 ),
 given_back AS (
     UPDATE task_type_slots AS s
     SET task_id = NULL, lease_token = NULL, lease_until = NULL
     WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
-                                    FROM task_type_slots AS held
+                                    FROM failed AS ended
+                                    JOIN task_type_slots AS held
+                                      ON held.task_type = ended.task_type
+                                     AND held.slot = ended.slot
                                     WHERE held.lease_token = %(token)s
-                                    FOR UPDATE SKIP LOCKED)
+                                    FOR UPDATE OF held SKIP LOCKED)
 )
-SELECT * FROM failed;
+SELECT status, retry_count, retry_delay FROM failed;
 
 -- name: rescue_task
 -- The supervisor saw the child holding this claim die: the run counts as a failed attempt at
@@ -486,17 +502,21 @@ WITH rescued AS (
     RETURNING t.id, t.task_type, t.status, t.retry_count,
               CASE WHEN t.status = 'PENDING'
                    THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
-              END AS retry_delay
+              END AS retry_delay,
+              t.slot
 ),
 given_back AS (
     UPDATE task_type_slots AS s
     SET task_id = NULL, lease_token = NULL, lease_until = NULL
     WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
-                                    FROM task_type_slots AS held
+                                    FROM rescued AS ended
+                                    JOIN task_type_slots AS held
+                                      ON held.task_type = ended.task_type
+                                     AND held.slot = ended.slot
                                     WHERE held.lease_token = %(token)s
-                                    FOR UPDATE SKIP LOCKED)
+                                    FOR UPDATE OF held SKIP LOCKED)
 )
-SELECT * FROM rescued;
+SELECT id, task_type, status, retry_count, retry_delay FROM rescued;
 
 -- name: reap_expired_leases
 -- Tasks whose owner stopped renewing (a worker of any daemon that died or was cut off). Safe

@@ -20,6 +20,9 @@ CREATE TABLE task_type_limits (
 
 -- Slots above max_running (a lowered limit) are never taken again; a held one stays until its
 -- task ends, so lowering a limit stops no running task, and the next apply deletes it.
+-- Every claim, renewal and final write of a limited task updates its slot's row: rows are
+-- found by primary key (a task row names its slot), no other column is indexed, and pages are
+-- left half empty, so that each update is a HOT update that writes no index entry.
 CREATE TABLE task_type_slots (
     task_type TEXT NOT NULL,
     slot INTEGER NOT NULL CHECK (slot > 0),
@@ -27,9 +30,7 @@ CREATE TABLE task_type_slots (
     lease_token BIGINT,
     lease_until TIMESTAMPTZ,
     PRIMARY KEY (task_type, slot)
-);
-CREATE UNIQUE INDEX task_type_slots_token_idx ON task_type_slots (lease_token)
-    WHERE lease_token IS NOT NULL;
+) WITH (fillfactor = 50);
 
 -- The slot a claim took, if its type was limited then: a renewal keeps the task's lease only
 -- while its slot is still its own (a lease that lapsed and came back late must not run beside
