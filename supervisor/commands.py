@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -109,7 +108,7 @@ def import_handlers_in_subprocess(config: Config, timeout: float = 60.0) -> list
 def cmd_worker(args, config: Config) -> int:
     """One worker loop in this process: for debugging a handler without the supervisor."""
     from .channel import Link
-    from .worker.main import run_worker
+    from .worker.main import run_worker, stop_on_signals
 
     setup_logging()
     pool_name = args.pool or (config.pools[0].name if config.pools else None)
@@ -118,13 +117,12 @@ def cmd_worker(args, config: Config) -> int:
     stop_event = threading.Event()
     workers = []
 
-    def request_stop(*_):
+    def request_stop() -> None:
         stop_event.set()
         for worker in workers:
             worker.stop()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, request_stop)
+    stop_on_signals(request_stop)
     with database_dsn(config) as dsn:
         with connect(dsn, connect_timeout=config.database.connect_timeout,
                      pooled=config.database.transaction_pooler) as conn:

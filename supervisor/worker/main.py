@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import threading
+from typing import Callable
 
 from .. import proctitle
 from ..channel import Link
@@ -124,6 +125,39 @@ def wait_for_database(dsn: str, connect_timeout: float, stop_event: threading.Ev
 PR_SET_PDEATHSIG = 1
 
 
+def stop_on_signals(stop: Callable[[], None]) -> None:
+    """Call ``stop`` on SIGTERM or SIGINT, from a thread of its own.
+
+    Why not from the handler: Python runs a signal handler in the main thread between any two
+    of its bytecodes, including inside ``Event.clear()`` while that event's lock is held; a
+    handler that then sets the same event waits for a lock its own thread holds, forever. The
+    worker's loop clears its wake-up event on every pass, so an idle child whose supervisor was
+    killed could hang there now and then. The handler only writes a byte, which takes no lock.
+    """
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)  # a storm of signals must not block the handler
+
+    def relay() -> None:
+        while True:
+            try:
+                if os.read(read_fd, 1):
+                    break
+            except InterruptedError:
+                continue
+        stop()
+
+    threading.Thread(target=relay, name="stop-signal", daemon=True).start()
+
+    def on_signal(signum, frame) -> None:
+        try:
+            os.write(write_fd, b"s")
+        except OSError:
+            pass  # a byte is already there: the stop is under way
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
 def stop_with_parent(parent_pid: int) -> None:
     """Have the kernel send SIGTERM when the supervisor dies, so no orphaned worker goes on
     claiming work that no supervisor reaps, reloads or stops. Linux only; elsewhere, and if
@@ -143,14 +177,13 @@ def main(argv=None) -> int:
     stop_event = threading.Event()
     workers = []
 
-    def request_stop(signum, frame):
-        # Only set flags: the loop finishes its current task, then leaves.
+    def request_stop() -> None:
+        # The loop finishes its current task, then leaves.
         stop_event.set()
         for worker in workers:
             worker.stop()
 
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop_on_signals(request_stop)
     # Reload is the supervisor's business: it replaces children rather than reloading them.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if args.supervisor_pid is not None:
