@@ -71,7 +71,7 @@ def wait_for_database(config: Config, dsn: str, *, migrate_on_start: bool, demo:
                              name=migration.name)
                 if config.limits:
                     # Before any child claims: a limit must bind this daemon's first claims.
-                    from .maintenance.limits import write_limits
+                    from .maintenance.concurrency_limits import write_limits
                     write_limits(conn, config.limits, set_by=limits_author())
                 if demo:
                     from .demo import submit_demo_tasks
@@ -125,7 +125,7 @@ class Services:
         # not be imported before prepare_metrics_dir() named its directory.
         from .leases import LeaseKeeper
         from .maintenance.health import HealthChecker
-        from .maintenance.limits import LimitWriter
+        from .maintenance.concurrency_limits import LimitWriter
         from .maintenance.metrics_archive import MetricsArchive
         from .maintenance.reaper import LeaseReaper
         from .maintenance.retention import RetentionService
