@@ -170,7 +170,8 @@ class TcpProxy:
                     if self.latency:
                         time.sleep(self.latency / 2)
                     peers[sock].sendall(data)
-        except OSError:
+        except (OSError, ValueError):
+            # cut() closed the sockets under this thread (select() then sees fd -1).
             return
         finally:
             _close(client)
