@@ -417,10 +417,11 @@ def start_daemon(tmp_path, db_dsn):
     started: list[Daemon] = []
 
     def start(name: str = "daemon", *, dsn: str | None = None, wait_ready: bool = True,
-              env: dict[str, str] | None = None, **overrides) -> Daemon:
+              env: dict[str, str] | None = None, nofile: tuple[int, int] | None = None,
+              **overrides) -> Daemon:
         daemon = Daemon(tmp_path, dsn or db_dsn, name=name, **overrides)
         started.append(daemon)
-        daemon.start(wait_ready=wait_ready, env=env)
+        daemon.start(wait_ready=wait_ready, env=env, nofile=nofile)
         return daemon
 
     yield start

@@ -13,7 +13,7 @@ from supervisor import Client
 from supervisor.config import RetryConfig
 from supervisor.db import store
 from supervisor.errors import UsageError
-from worker_fixtures import add_task, expire_lease, looping, task_row
+from worker_fixtures import add_task, expire_lease, looping, received, task_row
 
 pytest_plugins = ["worker_fixtures"]
 
@@ -22,17 +22,6 @@ pytest_plugins = ["worker_fixtures"]
 def client(db_dsn):
     with Client(db_dsn) as owned:
         yield owned
-
-
-@pytest.fixture
-def listener(db_dsn):
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute("LISTEN pgtaskd_tasks")
-        yield conn
-
-
-def received(listener, wait: float = 0.5) -> list[dict]:
-    return [json.loads(n.payload) for n in listener.notifies(timeout=wait)]
 
 
 def claim(conn, *types: str, limit: int = 10) -> list[str]:

@@ -7,29 +7,16 @@ or more, and infinite timestamps have no epoch.
 
 from __future__ import annotations
 
-import json
 
 import psycopg
-import pytest
 
 from supervisor import Client
 from supervisor.config import RetryConfig
 from supervisor.db import store
 from supervisor.db.migrate import migrate
-from worker_fixtures import add_task
+from worker_fixtures import add_task, received
 
 pytest_plugins = ["worker_fixtures"]
-
-
-@pytest.fixture
-def listener(db_dsn):
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute("LISTEN pgtaskd_tasks")
-        yield conn
-
-
-def received(listener, wait: float = 0.5) -> list[dict]:
-    return [json.loads(n.payload) for n in listener.notifies(timeout=wait)]
 
 
 def test_a_submit_many_of_ten_thousand_sends_one_notification(conn, listener):

@@ -9,9 +9,11 @@ fixtures with ``pytest_plugins = ["worker_fixtures"]``.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 
+import psycopg
 import pytest
 
 from conftest import make_config
@@ -129,3 +131,16 @@ def looping(worker: Worker, join_timeout: float = 15.0):
         worker.stop()
         thread.join(join_timeout)
         assert not thread.is_alive(), f"worker {worker.worker_id} did not stop in {join_timeout} s"
+
+
+@pytest.fixture
+def listener(db_dsn):
+    """A connection listening on the wake-up channel the triggers notify."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("LISTEN pgtaskd_tasks")
+        yield conn
+
+
+def received(listener, wait: float = 0.5) -> list[dict]:
+    """The notifications that arrive within ``wait`` seconds, decoded."""
+    return [json.loads(n.payload) for n in listener.notifies(timeout=wait)]

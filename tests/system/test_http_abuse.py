@@ -40,23 +40,7 @@ CUT_SLACK = 3.0
 FD_GROWTH_BOUND = 100
 
 
-@pytest.fixture
-def start_daemon(tmp_path, db_dsn):
-    """Start daemons for a test; every one of them (and its children) dies at teardown."""
-    started: list[Daemon] = []
-
-    def start(name: str = "daemon", *, nofile: tuple[int, int] | None = None,
-              **overrides) -> Daemon:
-        daemon = Daemon(tmp_path, db_dsn, name=name, **overrides)
-        started.append(daemon)
-        daemon.start(nofile=nofile)
-        return daemon
-
-    yield start
-    for daemon in started:
-        daemon.kill()
-    for daemon in started:
-        print(daemon.log_tail(150))  # shown by pytest only when the test failed
+pytest_plugins = ["daemon"]
 
 
 def metrics_daemon(start_daemon, **overrides) -> Daemon:
