@@ -291,7 +291,7 @@ def _add_task_commands(commands) -> None:
         "Count tasks by status and by type, and show how long the oldest due PENDING task has "
         "waited and how many RUNNING tasks hold an expired lease (not yet returned by a "
         "reaper). Paused task types are listed with their due tasks, which are left out of "
-        "the due count and the oldest wait.",
+        "the due count and the oldest wait; limited types with their limit and how many run.",
         "pgtaskd stats\npgtaskd stats --json | jq .by_status.FAILED")
 
     pause = _command(
@@ -314,6 +314,7 @@ def _add_task_commands(commands) -> None:
         "pgtaskd resume charge\n"
         "pgtaskd resume charge report --json")
     resume.add_argument("task_types", nargs="+", metavar="TYPE", help="task types to resume")
+
     limit = _command(
         commands, "limit", "set or remove a global concurrency limit of a task type",
         "At most N tasks of this type RUNNING at once, across every daemon on this database, "

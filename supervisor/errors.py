@@ -15,7 +15,8 @@ def one_line(exc: BaseException, limit: int = 300, *, typed: bool = False) -> st
     server's is spread over several, and none alone says enough), at most ``limit`` long;
     ``typed`` puts the exception's type first."""
     try:
-        text = " ".join(str(exc).split())
+        # Cut before the join: a message may be megabytes, and only ``limit`` is shown.
+        text = " ".join(str(exc)[:4 * limit].split())
     except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure
         text = ""
     if not text:

@@ -780,39 +780,18 @@ ON CONFLICT (task_type) DO NOTHING
 RETURNING task_type, paused_at, paused_by;
 
 -- name: resume_task_type
--- Resume a paused task type, and notify pgtaskd_tasks as the triggers of migration 0002 do
--- (the same payload), so that idle workers start its waiting tasks at once rather than at
--- their next poll; like theirs, the notification goes out when the transaction commits. No
+-- Resume a paused task type, and wake idle workers for its due tasks at once rather than at
+-- their next poll (pgtaskd_wake_type, migration 0007: due is their count, up to 1,000). No
 -- row: the type was not paused, and nothing is sent.
--- due counts the type's due tasks through the claim index, up to a bound: the relay wakes at
--- most that many idle workers, never more than it has, and counting a backlog of millions
--- would cost more than it tells. Nothing is sent when none is due; tasks due later are found
--- by the relay's timers or the workers' polls, as for any other task.
 WITH resumed AS (
     DELETE FROM task_type_pauses
     WHERE task_type = %(task_type)s
     RETURNING task_type, paused_at, paused_by
-),
-due AS (
-    SELECT count(*) AS tasks
-    FROM (SELECT 1 FROM tasks AS t, resumed
-          WHERE t.status = 'PENDING' AND t.task_type = resumed.task_type
-            AND t.scheduled_time <= now()
-          LIMIT 1000) AS capped
-),
-wakeup AS (
-    SELECT pg_notify('pgtaskd_tasks', pgtaskd_wakeup_payload(
-               (SELECT n.nspname FROM pg_class AS c
-                  JOIN pg_namespace AS n ON n.oid = c.relnamespace
-                 WHERE c.oid = 'tasks'::regclass),
-               ARRAY[resumed.task_type], due.tasks, NULL))
-    FROM resumed, due
-    WHERE due.tasks > 0
 )
--- A CTE that only SELECTs runs only if the statement reads it: count() reads the wake-up.
-SELECT resumed.task_type, resumed.paused_at, resumed.paused_by, due.tasks AS due,
-       (SELECT count(*) FROM wakeup) > 0 AS notified
-FROM resumed, due;
+SELECT resumed.task_type, resumed.paused_at, resumed.paused_by, woken.due,
+       woken.due > 0 AS notified
+FROM resumed
+CROSS JOIN LATERAL (SELECT pgtaskd_wake_type(resumed.task_type) AS due) AS woken;
 
 -- name: list_pauses
 -- The paused task types, each with how many of its tasks are due (and so wait for a resume).
@@ -895,8 +874,8 @@ WHERE s.name = ANY(%(names)s::text[]);
 -- every claim, and deletes those no live lease holds (a held one ends with its task, so that
 -- lowering a limit stops no running task). Setting the same limit again changes nothing, so
 -- the first setter's time and name stay. previous is the limit before, NULL if none.
--- Like resume_task_type it notifies pgtaskd_tasks when the limit grew and tasks are due, so
--- that idle workers take the new places at once.
+-- Like resume_task_type it wakes idle workers when the limit grew and tasks are due, so that
+-- they take the new places at once.
 WITH before AS (
     SELECT (SELECT max_running FROM task_type_limits
              WHERE task_type = %(task_type)s) AS max_running
@@ -920,26 +899,11 @@ pruned AS (
     WHERE s.task_type = %(task_type)s
       AND s.slot > %(max_running)s
       AND (s.task_id IS NULL OR s.lease_until <= now())
-),
-due AS (
-    SELECT count(*) AS tasks
-    FROM (SELECT 1 FROM tasks AS t
-          WHERE t.status = 'PENDING' AND t.task_type = %(task_type)s
-            AND t.scheduled_time <= now()
-          LIMIT 1000) AS capped
-),
-wakeup AS (
-    SELECT pg_notify('pgtaskd_tasks', pgtaskd_wakeup_payload(
-               (SELECT n.nspname FROM pg_class AS c
-                  JOIN pg_namespace AS n ON n.oid = c.relnamespace
-                 WHERE c.oid = 'tasks'::regclass),
-               ARRAY[%(task_type)s::text], due.tasks, NULL))
-    FROM before, due
-    WHERE due.tasks > 0 AND before.max_running < %(max_running)s
 )
 SELECT %(task_type)s::text AS task_type, %(max_running)s::integer AS max_running,
        before.max_running AS previous, (SELECT count(*) FROM upserted) > 0 AS changed,
-       (SELECT count(*) FROM wakeup) > 0 AS notified
+       CASE WHEN before.max_running < %(max_running)s
+            THEN pgtaskd_wake_type(%(task_type)s) > 0 ELSE false END AS notified
 FROM before;
 
 -- name: remove_task_type_limit
@@ -955,24 +919,9 @@ pruned AS (
     DELETE FROM task_type_slots AS s
     WHERE s.task_type IN (SELECT task_type FROM removed)
       AND (s.task_id IS NULL OR s.lease_until <= now())
-),
-due AS (
-    SELECT count(*) AS tasks
-    FROM (SELECT 1 FROM tasks AS t, removed
-          WHERE t.status = 'PENDING' AND t.task_type = removed.task_type
-            AND t.scheduled_time <= now()
-          LIMIT 1000) AS capped
-),
-wakeup AS (
-    SELECT pg_notify('pgtaskd_tasks', pgtaskd_wakeup_payload(
-               (SELECT n.nspname FROM pg_class AS c
-                  JOIN pg_namespace AS n ON n.oid = c.relnamespace
-                 WHERE c.oid = 'tasks'::regclass),
-               ARRAY[removed.task_type], due.tasks, NULL))
-    FROM removed, due
-    WHERE due.tasks > 0
 )
-SELECT removed.task_type, removed.max_running, (SELECT count(*) FROM wakeup) > 0 AS notified
+SELECT removed.task_type, removed.max_running,
+       pgtaskd_wake_type(removed.task_type) > 0 AS notified
 FROM removed;
 
 -- name: list_limits

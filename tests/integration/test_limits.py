@@ -14,7 +14,7 @@ from supervisor import Client
 from supervisor.config import RetryConfig
 from supervisor.db import store
 from supervisor.errors import UsageError
-from worker_fixtures import add_task, task_row
+from worker_fixtures import add_task, received, task_row
 
 pytest_plugins = ["worker_fixtures"]
 
@@ -191,14 +191,18 @@ def test_removing_a_limit_frees_the_type_and_held_slots_still_renew(client, conn
     assert client.limits() == []
 
 
-def test_raising_a_limit_wakes_idle_workers(client, db_dsn, conn):
-    client.set_limit("echo", 1)
+def test_raising_or_removing_a_limit_wakes_idle_workers_and_setting_one_does_not(
+        client, conn, listener):
     add_task(conn, "t0")
     add_task(conn, "t1")
-    with psycopg.connect(db_dsn, autocommit=True) as listener:
-        listener.execute("LISTEN pgtaskd_tasks")
-        assert client.set_limit("echo", 2)["notified"] is True
-        assert list(listener.notifies(timeout=2, stop_after=1))
+    received(listener)  # the inserts' own notifications
+    assert client.set_limit("echo", 1)["notified"] is False
+    assert client.set_limit("echo", 1)["notified"] is False
+    assert received(listener) == []
+    assert client.set_limit("echo", 2)["notified"] is True
+    assert [(n["types"], n["due"]) for n in received(listener)] == [(["echo"], 2)]
+    assert client.remove_limit("echo") is True
+    assert [n["types"] for n in received(listener)] == [["echo"]]
 
 
 def test_limits_lists_what_runs_under_each(client, conn):

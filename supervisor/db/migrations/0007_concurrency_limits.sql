@@ -37,3 +37,32 @@ CREATE TABLE task_type_slots (
 -- the task that took its slot meanwhile). NULL for a claim made while its type had no limit,
 -- which then renews as before.
 ALTER TABLE tasks ADD COLUMN slot INTEGER;
+
+-- Wake idle workers for a task type whose tasks may be claimed now (a pause lifted, a limit
+-- raised or removed): notify pgtaskd_tasks as the triggers of migration 0002 do, with how
+-- many of its tasks are due, counted through the claim index up to 1,000 (the relay wakes at
+-- most that many idle workers, never more than it has, and counting a backlog of millions
+-- would cost more than it tells). Nothing is sent when none is due: tasks due later are found
+-- by the relay's timers or the workers' polls. Like the triggers', the notification goes out
+-- when the transaction commits. Returns the count.
+CREATE FUNCTION pgtaskd_wake_type(p_task_type TEXT) RETURNS BIGINT
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_due BIGINT;
+BEGIN
+    SELECT count(*) INTO v_due
+    FROM (SELECT 1 FROM tasks AS t
+          WHERE t.status = 'PENDING' AND t.task_type = p_task_type
+            AND t.scheduled_time <= now()
+          LIMIT 1000) AS capped;
+    IF v_due > 0 THEN
+        PERFORM pg_notify('pgtaskd_tasks', pgtaskd_wakeup_payload(
+            (SELECT n.nspname FROM pg_class AS c
+               JOIN pg_namespace AS n ON n.oid = c.relnamespace
+              WHERE c.oid = 'tasks'::regclass),
+            ARRAY[p_task_type], v_due, NULL));
+    END IF;
+    RETURN v_due;
+END
+$$;
