@@ -5,7 +5,7 @@ Every daemon runs it, with no leader: each instant is one task whose id names it
 (id) DO NOTHING, so however many daemons enqueue an instant it exists once. A pass reads the
 database's clock and each schedule's state (locked, so that passes of other daemons over the
 same schedules wait for this one and then find its work done), decides what is due and what
-was missed (supervisor/schedules.py), and inserts the tasks and the new state in one
+was missed (supervisor/scheduling/passes.py), and inserts the tasks and the new state in one
 transaction.
 
 The thread sleeps until the next instant of any schedule (at most MAX_WAIT), and a reload
@@ -22,7 +22,7 @@ from ..client import Client, SubmittedId
 from ..config import ScheduleConfig
 from ..db import store
 from ..logs import emit
-from ..schedules import Plan, ScheduleState, next_instant, plan_pass
+from ..scheduling.passes import Plan, ScheduleState, next_instant, plan_pass
 from .service import PeriodicService
 
 # The longest sleep between passes, whatever the schedules: a pass costs a few statements,

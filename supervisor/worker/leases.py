@@ -1,6 +1,6 @@
 """Who renews a worker's leases, and how the worker hears about them.
 
-In the daemon, the supervisor renews every lease its children hold (supervisor/leases.py),
+In the daemon, the supervisor renews every lease its children hold (supervisor/lease_keeper.py),
 from outside the handler's interpreter, so a handler that holds the GIL cannot starve its
 own lease. The child tells it what it claimed and settled over the link; an inbox thread
 applies what the supervisor answers: renewals, lost claims and wake-ups.
@@ -19,7 +19,7 @@ from typing import Protocol, Sequence
 
 from ..channel import Link
 from ..config import Config
-from ..leases import Held, LeaseKeeper
+from ..lease_keeper import Held, LeaseKeeper
 from .task import Task
 
 

@@ -17,7 +17,7 @@ from supervisor import Client
 from supervisor.db import store
 from supervisor.errors import UsageError
 from supervisor.maintenance.scheduler import Scheduler
-from supervisor.schedules import ON_TIME_GRACE
+from supervisor.scheduling.passes import ON_TIME_GRACE
 
 pytest_plugins = ["worker_fixtures"]
 

@@ -24,7 +24,7 @@ import pytest
 from conftest import add_task, wait_until
 from daemon import HANDLER_TYPES, NotifySocket, cmdline, longest_gap, parse_ts, pid_alive
 
-from supervisor.arbiter import BOOT_TIMEOUT
+from supervisor.daemon.arbiter import BOOT_TIMEOUT
 from supervisor.db import store
 
 pytest_plugins = ["daemon"]

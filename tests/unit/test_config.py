@@ -8,7 +8,7 @@ import pytest
 
 from supervisor.config import (DEFAULT_LEASE_SECONDS, DEFAULT_RENEW_INTERVAL, DSN_ENV,
                                MAX_RETENTION_SECONDS, load_config, parse_config)
-from supervisor.config_file import MAX_CONFIG_BYTES
+from supervisor.config.yaml_file import MAX_CONFIG_BYTES
 from supervisor.errors import ConfigError
 
 HANDLERS = {"path": "handlers", "types": {"echo": "basic:echo", "record": "basic:record"}}

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.cron import Cron, CronError, check_expression, load_zone
+from supervisor.scheduling.cron import Cron, CronError, check_expression, load_zone
 
 UTC = timezone.utc
 # 2026 dates: New York springs forward on March 8 (02:00 EST -> 03:00 EDT, 07:00Z) and falls

@@ -7,7 +7,7 @@ import resource
 import pytest
 
 from supervisor import limits as limits_module
-from supervisor.limits import MAX_OPEN_FILES, raise_open_files_limit
+from supervisor.daemon.open_files import MAX_OPEN_FILES, raise_open_files_limit
 
 INF = resource.RLIM_INFINITY
 

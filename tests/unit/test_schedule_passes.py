@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from supervisor.config import ScheduleConfig
-from supervisor.cron import Cron
-from supervisor.schedules import ON_TIME_GRACE, ScheduleState, next_instant, plan_pass
+from supervisor.scheduling.cron import Cron
+from supervisor.scheduling.passes import ON_TIME_GRACE, ScheduleState, next_instant, plan_pass
 
 UTC = timezone.utc
 HOUR = timedelta(hours=1)

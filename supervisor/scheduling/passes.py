@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Iterable
 
-from .config import ScheduleConfig
+from ..config import ScheduleConfig
 
 # A pass is late by a database round trip, or by the statement deadline when the database
 # is slow; an outage longer than this is downtime, whose instants the catch-up policy handles.

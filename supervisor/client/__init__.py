@@ -35,12 +35,12 @@ from typing import Any
 
 import psycopg
 
-from .config import (DEFAULT_MAX_PAYLOAD_BYTES, INT32_MAX, INT32_MIN, MAX_LIMIT,
+from ..config import (DEFAULT_MAX_PAYLOAD_BYTES, INT32_MAX, INT32_MIN, MAX_LIMIT,
                      MAX_TASK_TYPE_LENGTH, Config, ScheduleConfig, load_config)
-from .db import store
-from .db.connect import connect, describe_target
-from .db.session import database_dsn
-from .errors import OperationalError, UsageError, quote
+from ..db import store
+from ..db.connect import connect, describe_target
+from ..db.session import database_dsn
+from ..errors import OperationalError, UsageError, quote
 
 STATUSES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED")
 CANCELLABLE_STATUSES = ("PENDING", "RUNNING")

@@ -11,15 +11,15 @@ import sys
 import threading
 from datetime import datetime, timezone
 
-from .client import STATUSES, Client, TaskNotFound, TaskStateError
-from .config import MAX_BATCH_SIZE, Config
-from .db.connect import connect
-from .db.migrate import migrate
-from .db.redact import redact_dsn
-from .db.session import database_dsn
-from .db.store import StoredJson
-from .errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError, quote
-from .logs import setup_logging
+from ..client import STATUSES, Client, TaskNotFound, TaskStateError
+from ..config import MAX_BATCH_SIZE, Config
+from ..db.connect import connect
+from ..db.migrate import migrate
+from ..db.redact import redact_dsn
+from ..db.session import database_dsn
+from ..db.store import StoredJson
+from ..errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError, quote
+from ..logs import setup_logging
 
 
 def cmd_migrate(args, config: Config) -> int:
@@ -107,8 +107,8 @@ def import_handlers_in_subprocess(config: Config, timeout: float = 60.0) -> list
 
 def cmd_worker(args, config: Config) -> int:
     """One worker loop in this process: for debugging a handler without the supervisor."""
-    from .channel import Link
-    from .worker.main import run_worker, stop_on_signals
+    from ..channel import Link
+    from ..worker.main import run_worker, stop_on_signals
 
     setup_logging()
     pool_name = args.pool or (config.pools[0].name if config.pools else None)
@@ -144,7 +144,7 @@ def cmd_bench(args, config: Config) -> int:
 
 
 def cmd_run(args, config: Config) -> int:
-    from .arbiter import Arbiter
+    from ..daemon.arbiter import Arbiter
 
     setup_logging()
     return Arbiter(config, migrate_on_start=not args.no_migrate, demo=args.demo).run()

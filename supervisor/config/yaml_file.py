@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError, quote
+from ..errors import ConfigError, quote
 
 # A config is a few kilobytes. Each worker child receives the file's text in one environment
 # variable, which Linux caps at 128 KiB; and 64 KiB of the costliest YAML still parses in

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from . import systemd
-from .channel import Link, socket_pair
-from .config import CONFIG_SNAPSHOT_ENV, DSN_ENV, Config
-from .logs import emit
+from ..channel import Link, socket_pair
+from ..config import CONFIG_SNAPSHOT_ENV, DSN_ENV, Config
+from ..logs import emit
 
 # Restart backoff per slot: doubles per consecutive early death, capped, with jitter.
 RESTART_BASE_DELAY = 0.1
@@ -62,7 +62,7 @@ class Child:
     # Monotonic time of the claim that found nothing, while the child waits for work; None
     # while it works (or was just woken).
     idle_since: float | None = None
-    # The run it reported starting, for a type with a timeout or cancel: kill (run_limits).
+    # The run it reported starting, for a type with a timeout or cancel: kill (run_policies.py).
     running: object | None = None
     claimed_any: bool = False
     timeout_reason: str | None = None

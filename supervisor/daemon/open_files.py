@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import resource
 
-from .logs import emit
+from ..logs import emit
 
 # The supervisor raises its own open-files soft limit to the hard limit, but not past this:
 # a hard limit of "infinity" or 2^30 is not a number of descriptors anyone means to use.

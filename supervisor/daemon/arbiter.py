@@ -21,15 +21,16 @@ import time
 from dataclasses import dataclass
 
 
-from . import proctitle, systemd
+from .. import proctitle
+from . import systemd
 from .children import Child, RestartPolicy, describe_exit, kill_group, spawn_child
-from .config import Config, load_config
-from .db.redact import redact_dsn
-from .db.session import database_dsn
-from .errors import EXIT_FAILURE, EXIT_OK, ConfigError, OperationalError
-from .limits import raise_open_files_limit, restore_open_files_limit
-from .logs import emit
-from .run_limits import RunLimits
+from ..config import Config, load_config
+from ..db.redact import redact_dsn
+from ..db.session import database_dsn
+from ..errors import EXIT_FAILURE, EXIT_OK, ConfigError, OperationalError
+from .open_files import raise_open_files_limit, restore_open_files_limit
+from ..logs import emit
+from .run_policies import RunPolicies
 from .services import Services, cleanup_metrics_dir, prepare_metrics_dir, wait_for_database
 
 # A child that does not say "booted" within this long is killed and counts as a boot failure.
@@ -73,13 +74,13 @@ class Arbiter:
         self.metrics_dir: str | None = None
         self.child_open_files: tuple[int, int] | None = None
         self.services = None
-        self.run_limits = RunLimits(
+        self.run_policies = RunPolicies(
             lambda child, task_type: self.generation_config(child.generation)
             .handlers.policy(task_type))
         self._last_watchdog = 0.0
         self._last_status = ""
         self.started_at = time.monotonic()
-        from .maintenance.health import ChildrenStatus
+        from ..maintenance.health import ChildrenStatus
         self.children_snapshot = ChildrenStatus(0, sum(self.targets.values()))
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -130,7 +131,7 @@ class Arbiter:
             self.wait_for_events()
             self.dispatch_signals()
             self.reap_children()
-            self.run_limits.enforce(list(self.children.values()), self.kill_child)
+            self.run_policies.enforce(list(self.children.values()), self.kill_child)
             if self.stopping:
                 if self.advance_stop():
                     return
@@ -146,7 +147,7 @@ class Arbiter:
         now = time.monotonic()
         due = [now + LOOP_TICK] + self.restarts.next_starts(now)
         due += [c.kill_at for c in self.children.values() if c.kill_at and not c.killed_by_us]
-        run_deadline = self.run_limits.next_deadline(self.children.values())
+        run_deadline = self.run_policies.next_deadline(self.children.values())
         if run_deadline is not None:
             due.append(run_deadline)
         return max(0.0, min(due) - now)
@@ -189,7 +190,7 @@ class Arbiter:
         if kind == "claimed":
             self.on_claimed(child, message["claims"])
         elif kind == "started":
-            self.run_limits.started(child, message)
+            self.run_policies.started(child, message)
         elif kind == "stopping":
             if message.get("reason") == "recycle" and not child.stopping:
                 # An expected exit: replaced at once, with no restart backoff.
@@ -210,7 +211,7 @@ class Arbiter:
 
     def on_cancelled(self, task_id: str) -> None:
         """A running task was cancelled (called from the listener or the lease keeper)."""
-        self.run_limits.cancelled(task_id)
+        self.run_policies.cancelled(task_id)
         self.wake()
 
     def on_settled(self, child: Child, tokens) -> None:
@@ -218,12 +219,12 @@ class Arbiter:
             return
         tokens = [int(t) for t in tokens]
         self.keeper.drop(tokens)
-        self.run_limits.settled(child, tokens)
+        self.run_policies.settled(child, tokens)
         for token in tokens:
             child.claims.pop(token, None)
 
     def on_claimed(self, child: Child, claims: list) -> None:
-        from .leases import Held
+        from ..lease_keeper import Held
 
         child.idle_since = None
         child.claimed_any = True
@@ -394,7 +395,7 @@ class Arbiter:
     def on_child_exit(self, child: Child, code: int) -> None:
         from prometheus_client import multiprocess
 
-        from . import metrics
+        from .. import metrics
 
         multiprocess.mark_process_dead(child.pid, self.metrics_dir)
         if self.services.metrics_archive is not None:
@@ -541,7 +542,7 @@ class Arbiter:
     # -- status -----------------------------------------------------------------------------
 
     def children_status(self):
-        from .maintenance.health import ChildrenStatus
+        from ..maintenance.health import ChildrenStatus
 
         live = sum(1 for c in self.children.values()
                    if c.generation == self.generation and c.booted and not c.stopping)

@@ -15,10 +15,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from .config_file import check_size, parse_yaml, read_config_text
-from .cron import Cron, CronError, check_expression, load_zone
-from .db.redact import dsn_problem
-from .errors import ConfigError, UsageError, quote
+from .yaml_file import check_size, parse_yaml, read_config_text
+from ..scheduling.cron import Cron, CronError, check_expression, load_zone
+from ..db.redact import dsn_problem
+from ..errors import ConfigError, UsageError, quote
 
 CONFIG_ENV = "PGTASKD_CONFIG"
 DSN_ENV = "PGTASKD_DSN"
@@ -738,7 +738,7 @@ def _check_schedule_task(v: _Validator, schedule: dict, where: str,
                          max_payload_bytes: int) -> None:
     """The tasks go in through the client's own checks at every instant: the same checks now
     make a task type or a payload it would refuse a config problem, not a failing service."""
-    from .client import prepare_task  # imported here: the client imports this module
+    from ..client import prepare_task  # imported here: the client imports this module
 
     try:
         prepare_task(schedule["task_type"], schedule["payload"], priority=schedule["priority"],

@@ -20,11 +20,11 @@ from typing import Callable, Sequence
 
 import psycopg
 
-from .config import Config
-from .db.connect import LazyConnection
-from .db.migrate import migrate
-from .errors import MigrationError, OperationalError, one_line
-from .logs import emit
+from ..config import Config
+from ..db.connect import LazyConnection
+from ..db.migrate import migrate
+from ..errors import MigrationError, OperationalError, one_line
+from ..logs import emit
 
 # Database start-up: how long the supervisor waits for PostgreSQL before giving up.
 STARTUP_DB_PATIENCE = 60.0
@@ -71,7 +71,7 @@ def wait_for_database(config: Config, dsn: str, *, migrate_on_start: bool, demo:
                              name=migration.name)
                 if config.limits:
                     # Before any child claims: a limit must bind this daemon's first claims.
-                    from .maintenance.concurrency_limits import write_limits
+                    from ..maintenance.concurrency_limits import write_limits
                     write_limits(conn, config.limits, set_by=limits_author())
                 if demo:
                     from .demo import submit_demo_tasks
@@ -123,13 +123,13 @@ class Services:
     def start(self) -> None:
         # Imported here: prometheus_client (through leases and the maintenance services) must
         # not be imported before prepare_metrics_dir() named its directory.
-        from .leases import LeaseKeeper
-        from .maintenance.health import HealthChecker
-        from .maintenance.concurrency_limits import LimitWriter
-        from .maintenance.metrics_archive import MetricsArchive
-        from .maintenance.reaper import LeaseReaper
-        from .maintenance.retention import RetentionService
-        from .maintenance.scheduler import Scheduler
+        from ..lease_keeper import LeaseKeeper
+        from ..maintenance.health import HealthChecker
+        from ..maintenance.concurrency_limits import LimitWriter
+        from ..maintenance.metrics_archive import MetricsArchive
+        from ..maintenance.reaper import LeaseReaper
+        from ..maintenance.retention import RetentionService
+        from ..maintenance.scheduler import Scheduler
         from .wakeups import WakeRelay
 
         config, dsn = self.config, self.dsn
@@ -178,7 +178,7 @@ class Services:
         address = self.config.metrics.address
         if not address:
             return
-        from .maintenance.http import MetricsServer
+        from ..maintenance.http import MetricsServer
         try:
             self.http = MetricsServer(address, self.health, self.metrics_archive,
                                       max_connections=self.config.metrics.max_connections,
@@ -208,7 +208,7 @@ class Services:
 
 
 def count_reaped(row: dict) -> None:
-    from . import metrics
+    from .. import metrics
 
     metrics.LEASES_REAPED.labels(row["task_type"], row["status"]).inc()
     counter = metrics.TASKS_FAILED if row["status"] == "FAILED" else metrics.TASKS_RETRIED
@@ -216,12 +216,12 @@ def count_reaped(row: dict) -> None:
 
 
 def count_deleted(status: str, count: int) -> None:
-    from . import metrics
+    from .. import metrics
 
     metrics.TASKS_DELETED.labels(status).inc(count)
 
 
 def count_scheduled(schedule: str, count: int) -> None:
-    from . import metrics
+    from .. import metrics
 
     metrics.TASKS_SCHEDULED.labels(schedule).inc(count)

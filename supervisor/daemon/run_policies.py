@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .children import Child
-from .config import RunPolicy
-from .logs import emit
+from ..config import RunPolicy
+from ..logs import emit
 
 # How long a timed-out run has, after SIGTERM, to end before its child is killed.
 TIMEOUT_GRACE = 5.0
@@ -46,7 +46,7 @@ class Running:
         return self.started_at + self.policy.timeout
 
 
-class RunLimits:
+class RunPolicies:
     def __init__(self, policy_of: Callable[[Child, str], RunPolicy]):
         self.policy_of = policy_of
         self._cancelled: collections.deque[str] = collections.deque()
@@ -90,7 +90,7 @@ class RunLimits:
                 run = child.running
                 if run is not None and run.task_id == task_id and run.policy.cancel == "kill" \
                         and not child.killed_by_us:
-                    from . import metrics
+                    from .. import metrics
 
                     metrics.CANCEL_KILLS.labels(child.pool, run.task_type).inc()
                     emit("task_cancel_killed", task_id=task_id, task_type=run.task_type,
@@ -99,7 +99,7 @@ class RunLimits:
                     kill(child)
 
     def _time_out(self, child: Child, run: Running, now: float) -> None:
-        from . import metrics
+        from .. import metrics
 
         reason = f"timed out after {run.policy.timeout:g} s"
         metrics.TASKS_TIMED_OUT.labels(child.pool, run.task_type).inc()

@@ -18,8 +18,8 @@ from datetime import datetime
 
 import psycopg
 
-from .config import MAX_LIMIT, load_config
-from .errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError, quote
+from ..config import MAX_LIMIT, load_config
+from ..errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError, quote
 
 EPILOG = textwrap.dedent("""\
     examples:

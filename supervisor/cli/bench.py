@@ -38,12 +38,12 @@ from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from .config import DSN_ENV, Config
-from .db import store
-from .db.connect import connect, describe_target
-from .db.migrate import migrate
-from .db.session import database_dsn
-from .errors import OperationalError
+from ..config import DSN_ENV, Config
+from ..db import store
+from ..db.connect import connect, describe_target
+from ..db.migrate import migrate
+from ..db.session import database_dsn
+from ..errors import OperationalError
 
 BOOT_PATIENCE = 60.0
 DRAIN_PATIENCE = 600.0
@@ -107,7 +107,7 @@ def _tasks(count: int, task_type: str = "noop"):
 
 
 def measure_submit(dsn: str, count: int, progress) -> float:
-    from .client import Client
+    from ..client import Client
 
     with connect(dsn) as conn:
         client = Client(conn)
@@ -122,7 +122,7 @@ def measure_submit(dsn: str, count: int, progress) -> float:
 
 
 def measure_submit_many(dsn: str, count: int, progress) -> float:
-    from .client import Client
+    from ..client import Client
 
     with connect(dsn) as conn:
         progress(f"submit_many {count:,}")
@@ -148,14 +148,14 @@ def _any_left(conn) -> bool:
 
 def measure_ceiling(dsn: str, options: Options, progress) -> float:
     """The daemon's claim-and-complete statement from bare processes: the database's limit."""
-    from .client import Client
+    from ..client import Client
 
     with connect(dsn) as conn:
         for offset in range(0, options.tasks, CHUNK):
             Client(conn).submit_many(_tasks(min(CHUNK, options.tasks - offset)))
         progress(f"ceiling: {options.processes} processes")
         workers = [subprocess.Popen(
-            [sys.executable, "-m", "supervisor.bench", "ceiling", str(options.batch_size)],
+            [sys.executable, "-m", "supervisor.cli.bench", "ceiling", str(options.batch_size)],
             env={**os.environ, DSN_ENV: dsn}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True) for _ in range(options.processes)]
         try:
@@ -180,8 +180,8 @@ def measure_ceiling(dsn: str, options: Options, progress) -> float:
 
 
 def ceiling_worker(batch_size: int) -> int:
-    """One bare claim-and-complete loop (``python -m supervisor.bench ceiling N``)."""
-    from .worker.pools import use_generic_plans
+    """One bare claim-and-complete loop (``python -m supervisor.cli.bench ceiling N``)."""
+    from ..worker.pools import use_generic_plans
 
     worker_id = f"ceiling:{os.getpid()}"
     with connect(os.environ[DSN_ENV]) as conn:
@@ -210,8 +210,8 @@ class BenchDaemon:
         self.options = options
         self.config_path = workdir / f"bench-{uuid.uuid4().hex[:8]}.yaml"
         self.config_path.write_text(json.dumps({
-            "handlers": {"path": str(workdir), "types": {"noop": "supervisor.bench:noop",
-                                                         "pickup": "supervisor.bench:pickup"}},
+            "handlers": {"path": str(workdir), "types": {"noop": "supervisor.cli.bench:noop",
+                                                         "pickup": "supervisor.cli.bench:pickup"}},
             "pools": {"bench": {"processes": options.processes,
                                 "batch_size": options.batch_size}},
             "metrics": {"listen": ""},
@@ -310,7 +310,7 @@ def _memory(daemon: BenchDaemon) -> dict[str, float | None]:
 
 
 def measure_drain(daemon: BenchDaemon, conn, options: Options, progress) -> dict:
-    from .client import Client
+    from ..client import Client
 
     groups = _process_groups(daemon, conn)
     cpu_before = {kind: sum(_cpu_seconds(p) or 0 for p in pids) for kind, pids in groups.items()}
@@ -340,7 +340,7 @@ def measure_drain(daemon: BenchDaemon, conn, options: Options, progress) -> dict
 
 
 def measure_latency(daemon: BenchDaemon, conn, samples: int, progress) -> dict:
-    from .client import Client
+    from ..client import Client
 
     client = Client(conn)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:

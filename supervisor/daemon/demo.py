@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from .db import store
-from .logs import emit
+from ..db import store
+from ..logs import emit
 
 DEMO_TASKS = [
     ("echo", {"message": "hello from pgtaskd"}, 0),

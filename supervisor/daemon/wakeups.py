@@ -25,11 +25,11 @@ from typing import Callable, Sequence
 import psycopg
 
 from .children import Child
-from .db import store
-from .db.connect import connect
-from .db.deadline import within
-from .errors import OperationalError, one_line
-from .logs import emit
+from ..db import store
+from ..db.connect import connect
+from ..db.deadline import within
+from ..errors import OperationalError, one_line
+from ..logs import emit
 
 CHANNEL = "pgtaskd_tasks"
 # How long one wait for notifications lasts before the thread checks its timers and whether
