@@ -14,7 +14,7 @@ import pytest
 
 from conftest import billion_laughs
 from secret_dsns import SECRET_STEM, dsn_shapes
-from test_cli import assert_refused, free_port, pgtaskd
+from cli_runs import assert_refused, free_port, pgtaskd
 
 # A check-config that stays within this much address space has not expanded the bomb: the
 # expanded value would take gigabytes.

@@ -22,7 +22,8 @@ import psycopg
 import pytest
 
 from conftest import add_task, wait_until
-from daemon import HANDLER_TYPES, NotifySocket, cmdline, longest_gap, parse_ts, pid_alive
+from daemon import HANDLER_TYPES, cmdline, parse_ts, pid_alive
+from notify_socket import NotifySocket, longest_gap
 
 from supervisor.daemon.arbiter import BOOT_TIMEOUT
 from supervisor.db import store

@@ -18,7 +18,7 @@ import signal
 import time
 
 from conftest import add_task, task_row, wait_until
-from daemon import NotifySocket, longest_gap
+from notify_socket import NotifySocket, longest_gap
 from tcpproxy import TcpProxy
 from executions import read_runs
 
