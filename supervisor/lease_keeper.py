@@ -57,12 +57,17 @@ class Holder(Protocol):
 
 @dataclass(eq=False)
 class Held:
+    """One claim the keeper renews, under the lease settings it was made with: a reload that
+    changes them applies to new claims only, so no claim waits for a renewal by an interval
+    longer than its lease allows."""
     task_id: str
     token: int
     task_type: str
     worker_id: str
     pool: str
     holder: Holder
+    lease_seconds: float
+    renew_interval: float
     due: float = 0.0  # monotonic time of the next renewal
 
     def claim(self) -> store.Claim:
@@ -79,12 +84,13 @@ class Settlement:
 
 
 class LeaseKeeper(threading.Thread):
-    def __init__(self, dsn: str, *, lease_seconds: float, renew_interval: float,
+    def __init__(self, dsn: str, *, renew_interval: float,
                  retry: RetryConfig, connect_timeout: float = 5.0,
                  application_name: str = "pgtaskd leases", pooled: bool = False,
                  on_cancelled: Callable[[str], None] = lambda task_id: None):
         super().__init__(name="leases", daemon=True)
-        self.lease_seconds = lease_seconds
+        # Only how often the thread looks when it holds nothing: each claim is renewed by the
+        # settings it was made under (Held).
         self.renew_interval = renew_interval
         self.retry = retry
         self._db = LazyConnection(dsn, connect_timeout=connect_timeout,
@@ -101,14 +107,18 @@ class LeaseKeeper(threading.Thread):
     # -- called from other threads (never blocks on the database) ----------------------------
 
     def hold(self, claims: Sequence[Held]) -> None:
-        """Start renewing these claims, first at one renew interval from now."""
-        due = time.monotonic() + self.renew_interval
+        """Start renewing these claims, each first at its own renew interval from now."""
+        now = time.monotonic()
         with self._wakeup:
-            # No notify: the thread already wakes within one renew interval, before these
-            # are due, and waking it per claim costs the supervisor a thread switch each.
+            # No notify when the thread already wakes before these are due: waking it per
+            # claim costs the supervisor a thread switch each.
+            wake = False
             for held in claims:
-                held.due = due
+                held.due = now + held.renew_interval
                 self._held[held.token] = held
+                wake = wake or held.renew_interval < self.renew_interval
+            if wake:
+                self._wakeup.notify()
 
     def drop(self, tokens: Sequence[int]) -> None:
         """Stop renewing these claims: settled by their holder."""
@@ -172,25 +182,31 @@ class LeaseKeeper(threading.Thread):
             times.append(self._settle_at)
         return max(0.0, min(times) - now)
 
-    def _deadline(self) -> float:
-        return max(1.0, min(MAX_STATEMENT_SECONDS, self.renew_interval))
+    def _deadline(self, renew_interval: float) -> float:
+        return max(1.0, min(MAX_STATEMENT_SECONDS, renew_interval))
 
     # -- renewals ----------------------------------------------------------------------------
 
     def renew_due(self) -> None:
         now = time.monotonic()
-        horizon = now + self.renew_interval * GROUPING
         with self._wakeup:
-            due = [h for h in self._held.values() if h.due <= horizon]
+            due = [h for h in self._held.values()
+                   if h.due <= now + h.renew_interval * GROUPING]
         due = [h for h in due if h.holder.alive()]
-        if not due:
-            return
+        # One statement per lease length: during a reload that changes it there are two.
+        by_lease: dict[float, list[Held]] = {}
+        for held in due:
+            by_lease.setdefault(held.lease_seconds, []).append(held)
+        for lease_seconds, claims in by_lease.items():
+            self._renew(claims, lease_seconds)
+
+    def _renew(self, due: list[Held], lease_seconds: float) -> None:
         sent_at = time.monotonic()
         try:
             conn = self._db.get()
-            with within(conn, self._deadline()):
+            with within(conn, self._deadline(min(h.renew_interval for h in due))):
                 renewed = store.renew_leases(conn, [h.claim() for h in due],
-                                             lease_seconds=self.lease_seconds)
+                                             lease_seconds=lease_seconds)
                 lost = [h for h in due if h.token not in renewed]
                 states = store.claim_states(conn, [h.task_id for h in lost]) if lost else {}
         except (psycopg.Error, OperationalError) as exc:
@@ -200,13 +216,14 @@ class LeaseKeeper(threading.Thread):
         if self._renew_failing:
             self._renew_failing = False
             emit("lease_renew_recovered")
-        expires_at = sent_at + self.lease_seconds
-        next_due = sent_at + self.renew_interval
+        # The database started the lease at its now(), no earlier than sent_at: this is the
+        # end the holder may count on, never later than the one written.
+        expires_at = sent_at + lease_seconds
         by_holder: dict[int, tuple[Holder, list[int]]] = {}
         with self._wakeup:
             for held in due:
                 if held.token in renewed and self._held.get(held.token) is held:
-                    held.due = next_due
+                    held.due = sent_at + held.renew_interval
                     by_holder.setdefault(id(held.holder), (held.holder, []))[1].append(held.token)
             for held in lost:
                 self._held.pop(held.token, None)
@@ -222,10 +239,10 @@ class LeaseKeeper(threading.Thread):
 
     def _renew_failed(self, exc: BaseException, due: list[Held]) -> None:
         # Try again soon: a lease has lease.seconds to live, and the next try may connect.
-        retry_at = time.monotonic() + min(1.0, self.renew_interval / 4)
+        now = time.monotonic()
         with self._wakeup:
             for held in due:
-                held.due = retry_at
+                held.due = now + min(1.0, held.renew_interval / 4)
         if not self._renew_failing:
             self._renew_failing = True
             emit("lease_renew_failed", logging.WARNING, error=one_line(exc),
@@ -260,7 +277,7 @@ class LeaseKeeper(threading.Thread):
                 settlement = self._settlements[0]
             try:
                 conn = self._db.get()
-                with within(conn, self._deadline()):
+                with within(conn, self._deadline(self.renew_interval)):
                     self._settle_one(conn, settlement)
             except (psycopg.Error, OperationalError) as exc:
                 self._db.close()

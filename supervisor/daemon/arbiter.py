@@ -228,12 +228,14 @@ class Arbiter:
 
         child.idle_since = None
         child.claimed_any = True
+        lease = (child.config or self.config).lease
         held = []
         for task_id, token, task_type in claims:
             token = int(token)
             child.claims[token] = str(task_id)
             held.append(Held(str(task_id), token, str(task_type), child.worker_id or "",
-                             child.pool, holder=child))
+                             child.pool, holder=child, lease_seconds=lease.seconds,
+                             renew_interval=lease.renew_interval))
         self.keeper.hold(held)
 
     # -- signals ----------------------------------------------------------------------------
@@ -351,6 +353,7 @@ class Arbiter:
             grace = self.config.shutdown_timeout if grace is None else grace
         elif grace is None:
             grace = self.config.reload_timeout
+        child.stop_grace = grace
         child.kill_at = None if grace is None else time.monotonic() + grace
         try:
             child.process.send_signal(signal.SIGTERM)
@@ -437,9 +440,12 @@ class Arbiter:
             return
         if child.stopping == "timeout":
             reason = f"worker {worker} killed: its task {child.timeout_reason}"
-        elif child.stopping in ("reload", "shrink") and child.killed_by_us:
+        elif child.stopping in ("reload", "shrink") and child.killed_by_us \
+                and child.stop_grace is not None:
+            # The timeout it was stopped under: a reload may have changed it (or removed it)
+            # since.
             reason = (f"worker {worker} killed: its task outlasted reload_timeout "
-                      f"({self.config.reload_timeout:g} s) during a {child.stopping}")
+                      f"({child.stop_grace:g} s) during a {child.stopping}")
         else:
             reason = f"worker {worker} died ({how}) while running the task"
         running = child.running.token if child.running is not None else None

@@ -48,6 +48,9 @@ class Child:
     generation: int
     link: Link
     task_types: frozenset[str] = frozenset()
+    # The config of its generation: its claims are renewed by that config's lease settings
+    # even after a reload changed them.
+    config: Config | None = None
     started: float = field(default_factory=time.monotonic)
     booted: bool = False
     worker_id: str | None = None
@@ -56,6 +59,7 @@ class Child:
     claims: dict[int, str] = field(default_factory=dict)
     stopping: str | None = None  # why it was asked to stop: "shrink", "reload", "shutdown"
     kill_at: float | None = None  # when a stopping child gets SIGKILL (None: never)
+    stop_grace: float | None = None  # the grace it was given when asked to stop
     killed_by_us: bool = False
     boot_error: str | None = None
     waiting_db: bool = False  # booting, but waiting out a database outage: not stuck
@@ -148,7 +152,8 @@ def spawn_child(config: Config, pool: str, slot: int, generation: int, *, dsn: s
         child_end.close()
     pool_config = next((p for p in config.pools if p.name == pool), None)
     types = frozenset(pool_config.task_types) if pool_config else frozenset()
-    child = Child(process, pool, slot, generation, Link(parent_end, blocking=False), types)
+    child = Child(process, pool, slot, generation, Link(parent_end, blocking=False), types,
+                  config=config)
     emit("worker_spawned", pool=pool, slot=slot, child_pid=process.pid, generation=generation)
     return child
 

@@ -135,8 +135,7 @@ class Services:
         config, dsn = self.config, self.dsn
         timeout = config.database.connect_timeout
         pooled = config.database.transaction_pooler
-        self.keeper = LeaseKeeper(dsn, lease_seconds=config.lease.seconds,
-                                  renew_interval=config.lease.renew_interval,
+        self.keeper = LeaseKeeper(dsn, renew_interval=config.lease.renew_interval,
                                   retry=config.retry, connect_timeout=timeout, pooled=pooled,
                                   on_cancelled=self.on_cancelled)
         reaper = LeaseReaper(dsn, interval=config.reaper.interval,
@@ -190,7 +189,6 @@ class Services:
 
     def apply(self, config: Config) -> None:
         """What a reload may change while the services run."""
-        self.keeper.lease_seconds = config.lease.seconds
         self.keeper.renew_interval = config.lease.renew_interval
         self.keeper.retry = config.retry
         self.retention.policy = config.retention

@@ -187,8 +187,8 @@ class LocalLeases:
         self.worker_id = worker_id
         self.pool_name = pool_name
         self.label = worker_id
-        self.keeper = LeaseKeeper(dsn, lease_seconds=config.lease.seconds,
-                                  renew_interval=config.lease.renew_interval,
+        self.lease = config.lease
+        self.keeper = LeaseKeeper(dsn, renew_interval=config.lease.renew_interval,
                                   retry=config.retry,
                                   connect_timeout=config.database.connect_timeout,
                                   application_name=f"pgtaskd {pool_name} leases")
@@ -206,7 +206,9 @@ class LocalLeases:
     def hold(self, tasks: Sequence[Task], tokens: Sequence[int]) -> bool:
         self.start()
         self.keeper.hold([Held(task.id, token, task.task_type, self.worker_id, self.pool_name,
-                               holder=self) for task, token in zip(tasks, tokens)])
+                               holder=self, lease_seconds=self.lease.seconds,
+                               renew_interval=self.lease.renew_interval)
+                          for task, token in zip(tasks, tokens)])
         return True
 
     def drop(self, tokens: Sequence[int]) -> None:

@@ -130,7 +130,7 @@ class Worker:
         for token in tokens:
             task = self._held.get(token)
             if task is not None:
-                task.extend(expires_at)
+                task.renewed(expires_at)
 
     def on_lost(self, token: int, reason: str, timed_out: bool = False) -> None:
         task = self._held.get(token)

@@ -87,10 +87,10 @@ class Task:
     def lease_ends_at(self) -> float:
         return self.lease_expires_at - self.lease_margin
 
-    def extend(self, expires_at: float) -> None:
-        """A renewal landed: the lease is ours until ``expires_at`` (monotonic)."""
-        if expires_at > self.lease_expires_at:
-            self.lease_expires_at = expires_at
+    def renewed(self, expires_at: float) -> None:
+        """A renewal landed: the lease is ours until ``expires_at`` (monotonic), the end the
+        renewal wrote, which is earlier than the one before when a reload shortened it."""
+        self.lease_expires_at = expires_at
 
     @property
     def cancel_reason(self) -> str | None:
