@@ -24,42 +24,31 @@ from __future__ import annotations
 import contextlib
 import getpass
 import json
-import math
 import os
 import socket
-import uuid
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import psycopg
 
-from ..config import (DEFAULT_MAX_PAYLOAD_BYTES, INT32_MAX, INT32_MIN, MAX_LIMIT,
-                     MAX_TASK_TYPE_LENGTH, Config, ScheduleConfig, load_config)
+from ..config import MAX_LIMIT, Config, ScheduleConfig, load_config
 from ..db import store
 from ..db.connect import connect, describe_target
 from ..db.session import database_dsn
 from ..errors import OperationalError, UsageError, quote
+from ..task_fields import (DEFAULT_MAX_PAYLOAD_BYTES, MAX_DELAY_SECONDS, MAX_ID_LENGTH,
+                           MAX_NAME_LENGTH, MAX_PAUSED_BY_LENGTH, MAX_TASK_TYPE_LENGTH,
+                           MAX_UNIQUE_KEY_LENGTH, SUBMIT_FIELDS, NewTask, check_int,
+                           check_label, check_text, kind_of, prepare_task, serialize_payload)
 
 STATUSES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED")
 CANCELLABLE_STATUSES = ("PENDING", "RUNNING")
 RETRYABLE_STATUSES = ("FAILED", "CANCELLED")
-SUBMIT_FIELDS = frozenset({"task_type", "payload", "priority", "run_at", "delay", "task_id",
-                           "name", "max_retries", "unique_key"})
 
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 10_000
-# Ids and task types are indexed; PostgreSQL refuses btree entries over about 2.7 kB, so a
-# bound in characters (at most 4 bytes each) keeps every accepted value indexable.
-MAX_ID_LENGTH = 200
-MAX_UNIQUE_KEY_LENGTH = 200
-MAX_NAME_LENGTH = 1000
-MAX_PAUSED_BY_LENGTH = 200
-# Far enough for any real schedule, near enough that now() + delay never leaves the range
-# of a timestamp.
-MAX_DELAY_SECONDS = 100 * 365 * 86400
 # A submit whose unique key was held when it inserted, by a task that finished before the
 # submit could look it up, inserts again: each round needs a holder to finish within
 # milliseconds, so a few rounds are plenty.
@@ -108,20 +97,6 @@ class SubmittedId(str):
         return f"SubmittedId({str(self)!r}, created={self.created})"
 
 
-@dataclass(frozen=True)
-class NewTask:
-    """One task to submit, checked and with its payload already serialized."""
-    id: str
-    name: str
-    task_type: str
-    payload_json: str
-    priority: int
-    run_at: datetime | None
-    delay_seconds: float | None
-    max_retries: int
-    unique_key: str | None = None
-
-
 def _as_json(tasks: list[NewTask]) -> str:
     """The tasks as one JSON array for submit_tasks; each payload is already JSON text and
     goes in as it is."""
@@ -133,146 +108,6 @@ def _as_json(tasks: list[NewTask]) -> str:
         f'"delay_seconds":{dumps(t.delay_seconds)},"max_retries":{t.max_retries},'
         f'"unique_key":{dumps(t.unique_key)}}}'
         for t in tasks) + "]"
-
-
-def prepare_task(task_type: str, payload: Mapping[str, Any] | None = None, *,
-                 priority: int = 0, run_at: datetime | None = None,
-                 delay: float | timedelta | None = None, task_id: str | None = None,
-                 name: str | None = None, max_retries: int = 3,
-                 unique_key: str | None = None,
-                 max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> NewTask:
-    """Check every argument of a submit; UsageError names the first bad one."""
-    task_type = _check_label("task_type", task_type, MAX_TASK_TYPE_LENGTH)
-    task_id = str(uuid.uuid4()) if task_id is None else _check_label("task_id", task_id,
-                                                                     MAX_ID_LENGTH)
-    if unique_key is not None:
-        unique_key = _check_label("unique_key", unique_key, MAX_UNIQUE_KEY_LENGTH)
-    if name is None:
-        name = task_type
-    else:
-        _check_text("name", name)
-        if len(name) > MAX_NAME_LENGTH:
-            raise UsageError(f"name: longer than {MAX_NAME_LENGTH} characters")
-    if run_at is not None and delay is not None:
-        raise UsageError("give run_at or delay, not both")
-    return NewTask(
-        id=task_id, name=name, task_type=task_type,
-        payload_json=serialize_payload(payload, max_payload_bytes),
-        priority=_check_int("priority", priority, INT32_MIN, INT32_MAX),
-        run_at=None if run_at is None else _check_run_at(run_at),
-        delay_seconds=None if delay is None else _check_delay(delay),
-        max_retries=_check_int("max_retries", max_retries, 0, INT32_MAX),
-        unique_key=unique_key,
-    )
-
-
-# Built once: json.dumps with options builds a new encoder on every call.
-_PAYLOAD_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def serialize_payload(payload: Mapping[str, Any] | None, max_bytes: int) -> str:
-    """Compact JSON text of a payload that PostgreSQL's jsonb will accept, within max_bytes."""
-    if payload is None:
-        payload = {}
-    if not isinstance(payload, Mapping):
-        raise UsageError(f"payload: must be a JSON object (a dict), got {_kind(payload)}")
-    try:
-        text = _PAYLOAD_ENCODER.encode(dict(payload))
-    except RecursionError:
-        raise UsageError("payload: nested too deeply") from None
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"payload: cannot be stored as JSON: {exc}") from None
-    # Only now: json.dumps has ruled out cycles, which the walk would follow forever.
-    _check_storable(payload)
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise UsageError("payload: contains text that is not valid Unicode") from None
-    if size > max_bytes:
-        raise UsageError(f"payload: {size} bytes, more than the maximum of {max_bytes} "
-                         f"(max_payload_bytes)")
-    return text
-
-
-def _check_storable(payload: Mapping) -> None:
-    """Reject what json.dumps lets through but jsonb refuses, or silently changes."""
-    pending: list[Any] = [payload]
-    while pending:
-        value = pending.pop()
-        if isinstance(value, Mapping):
-            for key, item in value.items():
-                # json.dumps would turn 1 and "1" into the same key, and keep both.
-                if not isinstance(key, str):
-                    raise UsageError(f"payload: object keys must be strings, got {_kind(key)} "
-                                     f"{quote(key)}")
-                pending.extend((key, item))
-        elif isinstance(value, (list, tuple)):
-            pending.extend(value)
-        elif isinstance(value, str) and "\x00" in value:
-            raise UsageError("payload: text must not contain NUL characters (\\u0000)")
-
-
-def _check_text(field: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise UsageError(f"{field}: must be a string, got {_kind(value)}")
-    if "\x00" in value:
-        raise UsageError(f"{field}: must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UsageError(f"{field}: is not valid Unicode") from None
-    return value
-
-
-def _check_label(field: str, value: Any, max_length: int) -> str:
-    """An id or a task type: shown in tables, typed by operators, indexed."""
-    _check_text(field, value)
-    if not value:
-        raise UsageError(f"{field}: must not be empty")
-    if len(value) > max_length:
-        raise UsageError(f"{field}: longer than {max_length} characters")
-    if value != value.strip():
-        raise UsageError(f"{field}: must not start or end with white space, got {quote(value)}")
-    if not value.isprintable():
-        raise UsageError(f"{field}: must not contain control or format characters, "
-                         f"got {quote(value)}")
-    return value
-
-
-def _check_int(field: str, value: Any, minimum: int, maximum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UsageError(f"{field}: must be a whole number, got {_kind(value)} {quote(value)}")
-    if value < minimum:
-        raise UsageError(f"{field}: must be {minimum} or more, got {quote(value)}")
-    if value > maximum:
-        raise UsageError(f"{field}: must be at most {maximum}, got {quote(value)}")
-    return value
-
-
-def _check_run_at(run_at: Any) -> datetime:
-    if not isinstance(run_at, datetime):
-        raise UsageError(f"run_at: must be a datetime, got {_kind(run_at)}")
-    if run_at.tzinfo is None or run_at.utcoffset() is None:
-        raise UsageError(f"run_at: {run_at.isoformat()} has no time zone; give an aware "
-                         f"datetime (like datetime.now(timezone.utc))")
-    try:
-        # A time that cannot be read back as a Python datetime could not be shown later.
-        return run_at.astimezone(timezone.utc)
-    except OverflowError:
-        raise UsageError(f"run_at: {run_at.isoformat()} is out of range") from None
-
-
-def _check_delay(delay: Any) -> float:
-    if isinstance(delay, timedelta):
-        seconds = delay.total_seconds()
-    elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
-        seconds = float(delay)
-    else:
-        raise UsageError(f"delay: must be seconds or a timedelta, got {_kind(delay)}")
-    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_DELAY_SECONDS:
-        raise UsageError(f"delay: must be from 0 to {MAX_DELAY_SECONDS} seconds, "
-                         f"got {quote(delay)}")
-    return seconds
 
 
 def check_status(status: Any) -> str:
@@ -288,7 +123,7 @@ def _check_lookup_id(task_id: Any) -> str:
 
 
 def _check_lookup_text(field: str, value: Any) -> str:
-    _check_text(field, value)
+    check_text(field, value)
     if not value:
         raise UsageError(f"{field}: must not be empty")
     return value
@@ -311,11 +146,6 @@ def _key_held_elsewhere(conn, task_id: str) -> str | None:
             f"{quote(holder['id'])} ({holder['status']}); retry it once that task has "
             f"finished")
 
-
-def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", tuple: "a list", str: "a string",
-            bool: "a boolean", int: "a number", float: "a number",
-            type(None): "null"}.get(type(value), type(value).__name__)
 
 
 class Client:
@@ -430,7 +260,7 @@ class Client:
         for position, spec in enumerate(tasks):
             if not isinstance(spec, Mapping):
                 raise UsageError(f"tasks[{position}]: must be a mapping of submit() arguments, "
-                                 f"got {_kind(spec)}")
+                                 f"got {kind_of(spec)}")
             arguments = dict(spec)
             unknown = sorted(set(arguments) - SUBMIT_FIELDS, key=str)
             if unknown:
@@ -548,8 +378,8 @@ class Client:
         the database, so it outlives restarts and binds daemons started later. ``paused_by``
         (default: user@host of this process) is what ``stats`` shows. False when the type
         was paused already: that pause is kept as it was."""
-        task_type = _check_label("task_type", task_type, MAX_TASK_TYPE_LENGTH)
-        paused_by = who_pauses() if paused_by is None else _check_label(
+        task_type = check_label("task_type", task_type, MAX_TASK_TYPE_LENGTH)
+        paused_by = who_pauses() if paused_by is None else check_label(
             "paused_by", paused_by, MAX_PAUSED_BY_LENGTH)
         with self._database() as conn:
             return store.pause_task_type(conn, task_type, paused_by=paused_by) is not None
@@ -575,9 +405,9 @@ class Client:
         a row in the database, like a pause. Lowering it stops no running task: the excess
         ends as its tasks do. ``{"task_type", "max_running", "previous" (None if it had
         none), "changed", "notified"}``."""
-        task_type = _check_label("task_type", task_type, MAX_TASK_TYPE_LENGTH)
-        max_running = _check_int("max_running", max_running, 1, MAX_LIMIT)
-        set_by = who_pauses() if set_by is None else _check_label(
+        task_type = check_label("task_type", task_type, MAX_TASK_TYPE_LENGTH)
+        max_running = check_int("max_running", max_running, 1, MAX_LIMIT)
+        set_by = who_pauses() if set_by is None else check_label(
             "set_by", set_by, MAX_PAUSED_BY_LENGTH)
         with self._database() as conn:
             return store.set_task_type_limit(conn, task_type, max_running, updated_by=set_by)
@@ -609,8 +439,8 @@ class Client:
              limit: int = DEFAULT_LIST_LIMIT) -> list[dict[str, Any]]:
         """Tasks, most recently updated first, each with every column (payloads as in get())."""
         status = None if status is None else check_status(status)
-        task_type = None if task_type is None else _check_text("task_type", task_type)
-        limit = _check_int("limit", limit, 1, MAX_LIST_LIMIT)
+        task_type = None if task_type is None else check_text("task_type", task_type)
+        limit = check_int("limit", limit, 1, MAX_LIST_LIMIT)
         with self._database() as conn:
             return store.list_tasks(conn, status=status, task_type=task_type, limit=limit)
 
