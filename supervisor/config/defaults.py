@@ -1,0 +1,60 @@
+"""The config's named values: environment variables, defaults and the bounds a config may ask for.
+
+A default changes here and nowhere else. The limits of a task itself (the payload size, the
+INTEGER range, the length of a task type) are the client's too, so they live with the checks of
+a new task in ``supervisor.task_fields``; ``supervisor.config`` re-exports them.
+"""
+
+CONFIG_ENV = "PGTASKD_CONFIG"
+DSN_ENV = "PGTASKD_DSN"
+# The supervisor hands each worker child the text of the config file as it read it for the
+# child's generation, so a child that restarts after the file was edited (or broken) but not
+# yet reloaded runs the same configuration as its siblings.
+CONFIG_SNAPSHOT_ENV = "PGTASKD_CONFIG_SNAPSHOT"
+
+DEFAULT_LEASE_SECONDS = 30.0
+DEFAULT_RENEW_INTERVAL = 10.0
+DEFAULT_POLL_INTERVAL = 0.5
+DEFAULT_RETRY_BASE_DELAY = 2.0
+DEFAULT_RETRY_MAX_DELAY = 600.0
+DEFAULT_RETRY_JITTER = 0.1
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+DEFAULT_REAPER_INTERVAL = 5.0
+DEFAULT_HEALTH_INTERVAL = 5.0
+DEFAULT_MAX_PENDING_AGE = 300.0
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
+DEFAULT_METRICS_MAX_CONNECTIONS = 64
+DEFAULT_METRICS_REQUEST_TIMEOUT = 5.0
+DEFAULT_DATA_DIR = "var/pgdata"
+DEFAULT_HANDLERS_PATH = "handlers"
+MAX_BATCH_SIZE = 1000
+# Each unit of a limit is a row that claims of its type may lock; far past any fleet's size.
+MAX_LIMIT = 10_000
+CANCEL_MODES = ("cooperative", "kill")
+DEFAULT_RETENTION_COMPLETED = 7 * 86400.0
+DEFAULT_RETENTION_FAILED = 30 * 86400.0
+DEFAULT_RETENTION_CANCELLED = 30 * 86400.0
+DEFAULT_RETENTION_INTERVAL = 60.0
+DEFAULT_RETENTION_BATCH_SIZE = 1000
+# Bounds on what a config may ask for. A duration past a week is a typo (1e12 seconds would
+# leave a lease held until the year 33715), and a pool of thousands of processes on one host
+# is one too.
+MAX_SECONDS = 7 * 86400.0
+MAX_PROCESSES = 512
+MAX_PAYLOAD_LIMIT = 256 * 1024 * 1024
+# Retention periods are the one kind of duration measured in weeks or years; ten years is
+# past any audit requirement, and longer is what ``false`` (keep forever) is for.
+MAX_RETENTION_SECONDS = 10 * 366 * 86400.0
+MAX_RETENTION_BATCH_SIZE = 100_000
+# The finished statuses retention deletes, in the order a pass visits them.
+FINISHED_STATUSES = ("COMPLETED", "FAILED", "CANCELLED")
+# Each HTTP connection holds a descriptor in the supervisor, whose limit is often 1024.
+MAX_METRICS_CONNECTIONS = 512
+# What a schedule does with the instants that came due while no daemon enqueued them.
+CATCH_UP_POLICIES = ("all", "latest", "skip")
+DEFAULT_CATCH_UP = "latest"
+DEFAULT_MAX_CATCH_UP = 100
+# A catch-up enqueues its tasks in one statement; past this many, a schedule is a backfill,
+# which is a job for submit_many.
+MAX_CATCH_UP_LIMIT = 10_000
+DEFAULT_SCHEDULE_TIMEZONE = "UTC"
