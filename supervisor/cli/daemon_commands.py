@@ -133,7 +133,9 @@ def cmd_worker(args, config: Config) -> int:
 
 
 def cmd_bench(args, config: Config) -> int:
-    from .bench import Options, run_bench  # as in cmd_worker: speed, not a circle
+    # As in cmd_worker: speed, not a circle.
+    from .bench import run_bench
+    from .bench_database import Options
 
     if args.batch_size > MAX_BATCH_SIZE:
         raise UsageError(f"--batch-size: must be at most {MAX_BATCH_SIZE}, got {args.batch_size}")
