@@ -9,17 +9,19 @@ missing, a task in the wrong status). No traceback reaches an operator.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
 import sys
 import textwrap
-from datetime import datetime
 
 import psycopg
 
 from ..config import MAX_LIMIT, load_config
-from ..errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError, quote
+from ..errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError
+from .argument_types import (limit_value, non_negative_int, parse_duration, parse_timestamp,
+                             positive_int)
 
 EPILOG = textwrap.dedent("""\
     examples:
@@ -41,33 +43,6 @@ EPILOG = textwrap.dedent("""\
     Exit status: 0 done, 1 operational failure (database unreachable, no such task, a
     task in the wrong status), 2 bad input (arguments, config, payload).
     """)
-
-_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)")
-_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in ``30s``, ``5m``, ``2h``, ``1d`` or plain ``90`` (an argparse type)."""
-    match = _DURATION.fullmatch(text.strip().lower())
-    if not match:
-        raise argparse.ArgumentTypeError(
-            f"cannot read {quote(text)} as a duration (like 30s, 5m, 2h, 1d, or seconds)")
-    return float(match[1]) * _DURATION_UNITS[match[2]]
-
-
-def parse_timestamp(text: str) -> datetime:
-    """An ISO-8601 timestamp that names its time zone (an argparse type)."""
-    try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"cannot read {quote(text)} as an ISO-8601 timestamp "
-            f"(like 2026-01-31T09:00:00+01:00 or 2026-01-31T08:00:00Z)") from None
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise argparse.ArgumentTypeError(
-            f"{quote(text)} has no time zone: add an offset, like Z or +01:00")
-    return moment
-
 
 # argparse quotes a refused argument whole ('invalid int value: ...'); a 10 kB one, or 5,000
 # digits, would fill the screen. These bound what a usage error line repeats of the input.
@@ -93,20 +68,6 @@ def _add_config(parser: argparse.ArgumentParser) -> None:
 def _add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print JSON for scripts instead of text (timestamps in ISO-8601, UTC)")
-
-
-def _limit_value(text: str) -> int | None:
-    """N of ``pgtaskd limit TYPE N`` (an argparse type): None for 'off'."""
-    if text.strip().lower() == "off":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_LIMIT}, or "
-                                         f"'off', got {quote(text)}")
-    return value
 
 
 def _command(commands, name: str, summary: str, description: str, examples: str):
@@ -168,40 +129,23 @@ def build_parser() -> argparse.ArgumentParser:
         "ceiling, the daemon's memory and the CPU each process kind spent per task.",
         "pgtaskd bench -c etc/pgtaskd.yaml\n"
         "pgtaskd bench --tasks 20000 --processes 2 --batch-size 10 --runs 5 --json")
-    bench.add_argument("--tasks", type=_positive_int, default=5000, metavar="N",
+    bench.add_argument("--tasks", type=positive_int, default=5000, metavar="N",
                        help="tasks per run for submit_many, the ceiling and the drain "
                             "(default 5000; submit one per call uses at most 5000)")
-    bench.add_argument("--processes", type=_positive_int, default=2, metavar="N",
+    bench.add_argument("--processes", type=positive_int, default=2, metavar="N",
                        help="worker processes, for the daemon and the ceiling (default 2)")
-    bench.add_argument("--batch-size", type=_positive_int, default=1, metavar="N",
+    bench.add_argument("--batch-size", type=positive_int, default=1, metavar="N",
                        help="tasks claimed per statement (pools.<name>.batch_size, default 1)")
-    bench.add_argument("--runs", type=_positive_int, default=3, metavar="N",
+    bench.add_argument("--runs", type=positive_int, default=3, metavar="N",
                        help="how many runs; the median is reported (default 3)")
-    bench.add_argument("--latency-samples", type=_non_negative_int, default=200, metavar="N",
+    bench.add_argument("--latency-samples", type=non_negative_int, default=200, metavar="N",
                        help="pickup latency samples per run (default 200; 0 skips it)")
-    bench.add_argument("--limit", type=_limit_value, default=None, metavar="N",
+    bench.add_argument("--limit", type=limit_value, default=None, metavar="N",
                        help="a global concurrency limit on the drained tasks' type, to "
                             "measure what a limit costs (default: none)")
 
     _add_task_commands(commands)
     return parser
-
-
-def _int_at_least(minimum: int):
-    """An argparse type: a whole number no smaller than ``minimum``."""
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{quote(text)} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-    return convert
-
-
-_positive_int = _int_at_least(1)
-_non_negative_int = _int_at_least(0)
 
 
 def _add_task_commands(commands) -> None:
@@ -325,7 +269,7 @@ def _add_task_commands(commands) -> None:
         "pgtaskd limit charge 2\n"
         "pgtaskd limit charge off")
     limit.add_argument("task_type", metavar="TYPE", help="the task type")
-    limit.add_argument("max_running", metavar="N", type=_limit_value,
+    limit.add_argument("max_running", metavar="N", type=limit_value,
                        help=f"1 to {MAX_LIMIT}, or 'off'")
     _command(
         commands, "limits", "list the global concurrency limits",
@@ -372,13 +316,23 @@ def main(argv=None) -> int:
         return 130
 
 
+# Which module holds each command's cmd_* function.
+_COMMAND_MODULES = {
+    **dict.fromkeys(["run", "worker", "migrate", "check-config", "bench"], "daemon_commands"),
+    **dict.fromkeys(["submit", "cancel", "retry", "show", "list", "stats"], "task_commands"),
+    **dict.fromkeys(["pause", "resume", "limit", "limits", "schedules"], "fleet_commands"),
+}
+
+
 def _dispatch(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    from . import commands
+    # Only now, once the command is known: `pgtaskd --help` and a usage error load neither the
+    # client nor the daemon. For speed, not a circle: no command module imports this one.
+    commands = importlib.import_module(f".{_COMMAND_MODULES[args.command]}", __name__)
     try:
         config = load_config(args.config)
     except ConfigError as exc:

@@ -1,0 +1,71 @@
+"""The argparse value types of the ``pgtaskd`` arguments: durations, timestamps, limits, counts.
+
+Each refuses a value with a message that quotes what was typed; the parser turns it into one
+usage line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import datetime
+
+from ..config import MAX_LIMIT
+from ..errors import quote
+
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)")
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``30s``, ``5m``, ``2h``, ``1d`` or plain ``90`` (an argparse type)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"cannot read {quote(text)} as a duration (like 30s, 5m, 2h, 1d, or seconds)")
+    return float(match[1]) * _DURATION_UNITS[match[2]]
+
+
+def parse_timestamp(text: str) -> datetime:
+    """An ISO-8601 timestamp that names its time zone (an argparse type)."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"cannot read {quote(text)} as an ISO-8601 timestamp "
+            f"(like 2026-01-31T09:00:00+01:00 or 2026-01-31T08:00:00Z)") from None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise argparse.ArgumentTypeError(
+            f"{quote(text)} has no time zone: add an offset, like Z or +01:00")
+    return moment
+
+
+def limit_value(text: str) -> int | None:
+    """N of ``pgtaskd limit TYPE N`` (an argparse type): None for 'off'."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_LIMIT}, or "
+                                         f"'off', got {quote(text)}")
+    return value
+
+
+def int_at_least(minimum: int):
+    """An argparse type: a whole number no smaller than ``minimum``."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{quote(text)} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return convert
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)

@@ -1,0 +1,218 @@
+"""The bench's real daemon and what is measured through it.
+
+``BenchDaemon`` runs ``pgtaskd run`` in a subprocess on the bench schema, with one pool whose
+handlers are ``noop`` and ``pickup`` below. Through it: the drain (one ``submit_many`` to the
+last task COMPLETED, with the CPU each kind of process spent), the pickup latency of idle
+workers (reported back by the handler over UDP on 127.0.0.1), and the memory (RSS) read
+from /proc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from ..client import Client
+from ..config import DSN_ENV
+from ..db import store
+from ..errors import OperationalError
+from .bench_database import CHUNK, Options, any_tasks_left, noop_tasks, tasks_left
+
+BOOT_PATIENCE = 60.0
+DRAIN_PATIENCE = 600.0
+SAMPLE_TIMEOUT = 5.0
+POLL = 0.02
+PROGRESS_EVERY = 0.5
+_SAMPLE = struct.Struct("!Id")
+
+
+def noop(task) -> None:
+    """The drain's handler: all the cost measured is pgtaskd's own."""
+
+
+def pickup(task) -> None:
+    """The latency handler: report, first thing, when it started (CLOCK_MONOTONIC is one
+    clock for every process of the host)."""
+    started = time.monotonic()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.sendto(_SAMPLE.pack(task.payload["sample"], started),
+                    ("127.0.0.1", task.payload["port"]))
+
+
+class BenchDaemon:
+    """``pgtaskd run`` in a subprocess, on the bench schema, with one pool of no-op workers."""
+
+    def __init__(self, dsn: str, options: Options, workdir: Path):
+        self.dsn = dsn
+        self.options = options
+        self.config_path = workdir / f"bench-{uuid.uuid4().hex[:8]}.yaml"
+        handlers = {"noop": "supervisor.cli.bench_daemon:noop",
+                    "pickup": "supervisor.cli.bench_daemon:pickup"}
+        self.config_path.write_text(json.dumps({
+            "handlers": {"path": str(workdir), "types": handlers},
+            "pools": {"bench": {"processes": options.processes,
+                                "batch_size": options.batch_size}},
+            "metrics": {"listen": ""},
+            "shutdown_timeout": 10,
+        }))
+        self.log_path = workdir / "daemon.log"
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "BenchDaemon":
+        self.log = open(self.log_path, "a")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.cli", "run", "-c", str(self.config_path)],
+            env={**os.environ, DSN_ENV: self.dsn}, stdout=subprocess.DEVNULL, stderr=self.log,
+            start_new_session=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.log.close()
+
+    def check(self) -> None:
+        if self.process.poll() is not None:
+            raise OperationalError(f"the bench daemon exited ({self.process.returncode}); "
+                                   f"see {self.log_path}")
+
+    def wait_booted(self, conn) -> None:
+        """Every worker holds a connection named ``pgtaskd bench#N`` once it booted."""
+        deadline = time.monotonic() + BOOT_PATIENCE
+        while time.monotonic() < deadline:
+            booted = conn.execute(
+                "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
+                "WHERE application_name LIKE 'pgtaskd bench#%%' AND datname = current_database()"
+            ).fetchone()[0]
+            if booted >= self.options.processes:
+                # Let the children settle into their idle wait.
+                time.sleep(0.5)
+                return
+            self.check()
+            time.sleep(0.05)
+        raise OperationalError(f"{self.options.processes} workers did not boot within "
+                               f"{BOOT_PATIENCE:g} s")
+
+    def pids(self) -> dict[str, list[int]]:
+        children = _children_of(self.process.pid)
+        return {"supervisor": [self.process.pid], "workers": children}
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _process_groups(daemon: BenchDaemon, conn) -> dict[str, list[int]]:
+    groups = daemon.pids()
+    # The database's backends for this daemon, when the server runs on this host.
+    rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND application_name LIKE 'pgtaskd %%'").fetchall()
+    backends = [pid for (pid,) in rows if _cpu_seconds(pid) is not None]
+    if backends:
+        groups["postgres"] = backends
+    return groups
+
+
+def daemon_memory(daemon: BenchDaemon) -> dict[str, float | None]:
+    pids = daemon.pids()
+    workers = [r for r in (_rss_mib(p) for p in pids["workers"]) if r is not None]
+    return {"supervisor_mib": _rss_mib(pids["supervisor"][0]),
+            "worker_max_mib": max(workers) if workers else None}
+
+
+def measure_drain(daemon: BenchDaemon, conn, options: Options, progress) -> dict:
+    groups = _process_groups(daemon, conn)
+    cpu_before = {kind: sum(_cpu_seconds(p) or 0 for p in pids) for kind, pids in groups.items()}
+    started = time.monotonic()
+    for offset in range(0, options.tasks, CHUNK):
+        Client(conn).submit_many(noop_tasks(min(CHUNK, options.tasks - offset)))
+    deadline = started + DRAIN_PATIENCE
+    next_report = started
+    while any_tasks_left(conn):
+        daemon.check()
+        now = time.monotonic()
+        if now > deadline:
+            raise OperationalError(f"{tasks_left(conn)} tasks still not done after "
+                                   f"{DRAIN_PATIENCE:g} s")
+        if now >= next_report:
+            progress(f"drain {options.tasks - tasks_left(conn):,}/{options.tasks:,}")
+            next_report = now + PROGRESS_EVERY
+        time.sleep(POLL)
+    elapsed = time.monotonic() - started
+    cpu = {kind: round((sum(_cpu_seconds(p) or 0 for p in pids) - cpu_before[kind])
+                       / options.tasks * 1e6, 1) for kind, pids in groups.items()}
+    counts = store.count_by_status(conn)
+    if counts.get("COMPLETED", 0) != options.tasks:
+        raise OperationalError(f"drain ended with {counts}, not {options.tasks} COMPLETED")
+    conn.execute("TRUNCATE tasks")
+    return {"tasks_per_second": options.tasks / elapsed, "cpu_us_per_task": cpu}
+
+
+def measure_latency(daemon: BenchDaemon, conn, samples: int, progress) -> dict:
+    client = Client(conn)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(SAMPLE_TIMEOUT)
+        port = sock.getsockname()[1]
+        latencies = []
+        for sample in range(samples):
+            time.sleep(random.uniform(0.02, 0.2))
+            submitted = time.monotonic()
+            client.submit("pickup", {"sample": sample, "port": port})
+            while True:
+                try:
+                    number, started = _SAMPLE.unpack(sock.recv(64))
+                except socket.timeout:
+                    daemon.check()
+                    raise OperationalError(f"no handler started within {SAMPLE_TIMEOUT:g} s "
+                                           f"of sample {sample}") from None
+                if number == sample:
+                    break
+            latencies.append((started - submitted) * 1000)
+            if sample % 10 == 0:
+                progress(f"latency {sample}/{samples}")
+    conn.execute("TRUNCATE tasks")
+    return {"p50_ms": _percentile(latencies, 50), "p95_ms": _percentile(latencies, 95),
+            "p99_ms": _percentile(latencies, 99), "samples": len(latencies)}
+
+
+def _percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered) + 0.5) - 1))
+    return round(ordered[index], 3)

@@ -1,0 +1,155 @@
+"""The task commands: ``submit``, ``cancel``, ``retry``, ``show``, ``list`` and ``stats``.
+
+Each runs once its arguments are parsed and its config loaded, through the client on the
+configured database.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..client import STATUSES, Client, TaskNotFound, TaskStateError
+from ..config import Config
+from ..db.store import StoredJson
+from ..errors import EXIT_FAILURE, EXIT_OK, quote
+from .operator_input import arguments_named, read_payload
+from .output import human_time, print_json, printable, render_table, shown
+
+
+class _Refused(Exception):
+    """Leaves a ``client.transaction()`` block so that it rolls back, with nothing to report."""
+
+
+def cmd_submit(args, config: Config) -> int:
+    payload = read_payload(args.payload, args.payload_file, config.max_payload_bytes)
+    with Client.from_config(config) as client:
+        with arguments_named():
+            task_id = client.submit(args.task_type, payload, priority=args.priority,
+                                    run_at=args.at, delay=args.delay, task_id=args.id,
+                                    name=args.name, max_retries=args.max_retries,
+                                    unique_key=args.unique_key)
+        status = "PENDING"
+        if not task_id.created:
+            existing = client.get(task_id)
+            status = existing["status"] if existing else "unknown"
+    if args.json:
+        print_json({"id": task_id, "created": task_id.created, "status": status})
+    else:
+        print(task_id)
+    if not task_id.created and args.unique_key is not None and task_id != args.id:
+        print(f"note: task {printable(task_id)} holds unique key {quote(args.unique_key)} "
+              f"({status}); nothing submitted", file=sys.stderr)
+    elif not task_id.created:
+        print(f"note: task {printable(task_id)} exists already ({status}); nothing submitted",
+              file=sys.stderr)
+    elif config.handled_types and args.task_type not in config.handled_types:
+        # Only a config that names handlers can say a type is unknown; a submit-only config
+        # names none. Another daemon, with its own config, may still run this type.
+        where = config.path or "the config"
+        print(f"warning: no handler for task type {quote(args.task_type)} in {where}; "
+              f"it waits until a daemon that handles it runs", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_cancel(args, config: Config) -> int:
+    return _change_all(args, config, Client.cancel, "cancelled", "CANCELLED")
+
+
+def cmd_retry(args, config: Config) -> int:
+    return _change_all(args, config, Client.retry, "retried", "PENDING")
+
+
+def _change_all(args, config: Config, change, done: str, new_status: str) -> int:
+    """Apply ``change`` to every id in one transaction: all of them, or none."""
+    task_ids = list(dict.fromkeys(args.ids))
+    problems = []
+    with Client.from_config(config) as client:
+        try:
+            with client.transaction():
+                for task_id in task_ids:
+                    try:
+                        change(client, task_id)
+                    except (TaskNotFound, TaskStateError) as exc:
+                        problems.append(str(exc))
+                if problems:
+                    raise _Refused
+        except _Refused:
+            pass
+    if problems:
+        suffix = f"; none of the {len(task_ids)} tasks was {done}" if len(task_ids) > 1 else ""
+        for problem in problems:
+            print(f"error: {printable(problem)}{suffix}", file=sys.stderr)
+        return EXIT_FAILURE
+    if args.json:
+        print_json([{"id": task_id, "status": new_status} for task_id in task_ids])
+    else:
+        for task_id in task_ids:
+            print(f"{done} {printable(task_id)}")
+    return EXIT_OK
+
+
+def cmd_show(args, config: Config) -> int:
+    with Client.from_config(config) as client:
+        task = client.get(args.id)
+    if task is None:
+        raise TaskNotFound(args.id)
+    if args.json:
+        print_json(task)
+        return EXIT_OK
+    if isinstance(task["payload"], StoredJson):
+        print(f"note: task {printable(task['id'])}: the payload is shown as PostgreSQL stores "
+              f"it, as Python cannot read it ({task['payload'].reason})", file=sys.stderr)
+    width = max(len(column) for column in task) + 2
+    # The payload may run over many lines: last, so that it does not split the fields.
+    columns = [c for c in task if c != "payload"] + ["payload"]
+    for column in columns:
+        lines = [printable(line) for line in shown(column, task[column]).splitlines() or [""]]
+        print(column.ljust(width) + ("\n" + " " * width).join(lines))
+    return EXIT_OK
+
+
+def cmd_list(args, config: Config) -> int:
+    with Client.from_config(config) as client:
+        tasks = client.list(status=args.status, task_type=args.type, limit=args.limit)
+    if args.json:
+        print_json(tasks)
+    elif not tasks:
+        print("(no tasks)")
+    else:
+        print(render_table(
+            ["ID", "TYPE", "STATUS", "PRIORITY", "RETRIES", "SCHEDULED", "UPDATED"],
+            [[t["id"], t["task_type"], t["status"], str(t["priority"]),
+              f"{t['retry_count']}/{t['max_retries']}", human_time(t["scheduled_time"]),
+              human_time(t["updated_at"])] for t in tasks],
+            right_aligned={"PRIORITY", "RETRIES"}))
+    return EXIT_OK
+
+
+def cmd_stats(args, config: Config) -> int:
+    with Client.from_config(config) as client:
+        stats = client.stats()
+    if args.json:
+        print_json(stats)
+        return EXIT_OK
+    counts = ", ".join(f"{status} {stats['by_status'][status]}" for status in STATUSES)
+    print(f"tasks: {stats['total']} ({counts})")
+    age = stats["oldest_pending_age"]
+    waiting = f", the oldest waiting {age:.1f} s" if age is not None else ""
+    print(f"due pending: {stats['due_pending']}{waiting}")
+    print(f"expired leases: {stats['expired_leases']}")
+    for pause in stats["paused_types"]:
+        due = pause["due_pending"]
+        print(f"paused: {printable(pause['task_type'])} since {human_time(pause['paused_at'])} "
+              f"by {printable(pause['paused_by'] or '?')} "
+              f"({due} due task{'' if due == 1 else 's'} waiting)")
+    for limit in stats["limits"]:
+        print(f"limited: {printable(limit['task_type'])} to {limit['max_running']} at once "
+              f"({limit['running']} running)")
+    if stats["by_type"]:
+        print()
+        print(render_table(
+            ["TYPE", *STATUSES, "TOTAL"],
+            [[task_type, *(str(by_status[s]) for s in STATUSES), str(sum(by_status.values()))]
+             for task_type, by_status in stats["by_type"].items()],
+            right_aligned={*STATUSES, "TOTAL"}))
+    return EXIT_OK
