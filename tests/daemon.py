@@ -47,6 +47,7 @@ HANDLER_TYPES = {
     "sleeps": "timed_handlers:sleeps",
     "holds_the_gil": "timed_handlers:holds_the_gil",
     "works": "timed_handlers:works",
+    "gated": "timed_handlers:gated",
 }
 
 

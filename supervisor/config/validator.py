@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..db.redact import dsn_problem
-from ..errors import quote
+from ..errors import one_line, quote
 from .defaults import MAX_RETENTION_SECONDS, MAX_SECONDS
 
 
@@ -115,8 +115,20 @@ class Validator:
         if "\x00" in raw:  # the OS cannot take it, and Path.resolve() raises on it
             self.problem(f"{path}.{key}", "must not hold a NUL character")
             raw = default
+        try:
+            os.fsencode(raw)
+        except UnicodeEncodeError as exc:  # a lone surrogate, from a YAML "\ud800" escape
+            self.problem(f"{path}.{key}", f"holds a character no file name can: "
+                                          f"{raw[exc.start:exc.end]!r}")
+            raw = default
         candidate = Path(os.path.expanduser(raw))
-        return candidate if candidate.is_absolute() else (self.base_dir / candidate).resolve()
+        if candidate.is_absolute():
+            return candidate
+        try:
+            return (self.base_dir / candidate).resolve()
+        except (OSError, RuntimeError) as exc:  # a symlink loop, a folder we may not read
+            self.problem(f"{path}.{key}", f"cannot be resolved: {one_line(exc)}")
+            return self.base_dir / candidate
 
     def dsn(self, where: str, dsn: str | None) -> str | None:
         """The DSN, after recording why libpq could not read it (no part of its password)."""

@@ -27,7 +27,7 @@ from .children import Child, RestartPolicy, describe_exit, kill_group, spawn_chi
 from ..config import Config, load_config
 from ..db.redact import redact_dsn
 from ..db.session import database_dsn
-from ..errors import EXIT_FAILURE, EXIT_OK, ConfigError, OperationalError
+from ..errors import EXIT_FAILURE, EXIT_OK, ConfigError, OperationalError, one_line
 from .open_files import raise_open_files_limit, restore_open_files_limit
 from ..logs import emit
 from .run_policies import RunPolicies
@@ -210,7 +210,9 @@ class Arbiter:
             child.waiting_db = True
 
     def on_cancelled(self, task_id: str) -> None:
-        """A running task was cancelled (called from the listener or the lease keeper)."""
+        """The database shows this task CANCELLED (called from the listener or the lease
+        keeper): the main loop tells the child holding it, or kills it for a cancel: kill
+        type."""
         self.run_policies.cancelled(task_id)
         self.wake()
 
@@ -463,6 +465,10 @@ class Arbiter:
         except ConfigError as exc:
             emit("reload_failed", logging.ERROR, reason="invalid config, keeping the running one",
                  problems=exc.problems)
+            return
+        except Exception as exc:  # noqa: BLE001 - no config, however odd, may stop the daemon
+            emit("reload_failed", logging.ERROR, reason="the config could not be loaded, "
+                 "keeping the running one", problems=[one_line(exc)])
             return
         if new_config.database != self.config.database:
             emit("reload_warning", logging.WARNING,

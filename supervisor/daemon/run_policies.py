@@ -65,7 +65,8 @@ class RunPolicies:
     # -- from any thread -------------------------------------------------------------------
 
     def cancelled(self, task_id: str) -> None:
-        """A running task was cancelled (a notification, or a lease renewal found it)."""
+        """The database shows this task cancelled (a notification, checked, or a lease
+        renewal that found it)."""
         self._cancelled.append(task_id)
 
     # -- the main loop -----------------------------------------------------------------------
@@ -87,8 +88,15 @@ class RunPolicies:
         while self._cancelled:
             task_id = self._cancelled.popleft()
             for child in children:
+                token = next((t for t, held in child.claims.items() if held == task_id), None)
+                if token is None:
+                    continue
+                # At once, not at the next renewal: a claim still waiting in a batch must
+                # never start, and a running handler's is_cancelled() turns true now.
+                child.lost(token, "cancelled")
+                emit("cancel_relayed", task_id=task_id, child_pid=child.pid, pool=child.pool)
                 run = child.running
-                if run is not None and run.task_id == task_id and run.policy.cancel == "kill" \
+                if run is not None and run.token == token and run.policy.cancel == "kill" \
                         and not child.killed_by_us:
                     from .. import metrics
 

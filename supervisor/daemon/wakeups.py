@@ -39,6 +39,11 @@ LISTEN_SLICE = 1.0
 # otherwise leave the daemon on polling without anyone knowing.
 PING_AFTER = 30.0
 MAX_TIMERS = 10_000
+# Bounds on what a notification may ask for: more wake-ups than any daemon has children, a
+# timer further away than any poll interval, an id longer than any task's.
+MAX_WAKE_COUNT = 10_000
+MAX_TIMER_SECONDS = 86_400.0
+MAX_TASK_ID = 1_000
 # Reconnecting is what ends the workers' backoff after an outage (it wakes them all): a
 # try every few seconds costs the server nothing, and the queue is served again soon after.
 MAX_RECONNECT_DELAY = 5.0
@@ -107,10 +112,16 @@ class WakeRelay(threading.Thread):
         self._wake(None, count=None)
         quiet_since = time.monotonic()
         while not self._stopping.is_set():
-            for notice in conn.notifies(timeout=self._slice()):
+            # Taken whole before they are handled: the connection is locked while its
+            # notifies() generator runs, and checking a cancel needs a query on it.
+            notices = list(conn.notifies(timeout=self._slice(), stop_after=1))
+            if notices:
                 self.last_notice = time.monotonic()
                 quiet_since = self.last_notice
-                self._on_notice(notice.payload)
+                cancelled = [task_id for n in notices
+                             if (task_id := self._on_notice(n.payload)) is not None]
+                if cancelled:
+                    self._confirm_cancels(conn, cancelled)
             self._fire_timers()
             if time.monotonic() - quiet_since > PING_AFTER:
                 with within(conn, self.connect_timeout):
@@ -122,28 +133,44 @@ class WakeRelay(threading.Thread):
             return LISTEN_SLICE
         return max(0.0, min(LISTEN_SLICE, self._timers[0][0] - time.monotonic()))
 
-    def _on_notice(self, payload: str) -> None:
+    def _on_notice(self, payload: str) -> str | None:
+        """Act on one notification; the task id it says was cancelled, to be checked.
+
+        Any login may NOTIFY this channel with any payload: whatever it holds only ever wakes
+        children (which then look for themselves) or names a task to look up, and no value
+        may end this thread."""
         try:
             notice = json.loads(payload)
-            if notice.get("schema", self.schema) != self.schema:
-                return  # another pgtaskd's table in this database
-            if "cancelled" in notice:
-                self.on_cancelled(str(notice["cancelled"]))
-                return
-            types = notice.get("types")
-            types = tuple(str(t) for t in types) if isinstance(types, list) else None
-            due = int(notice.get("due") or 0)
-            delay = notice.get("delay")
-            delay = float(delay) if delay is not None else None
-        except (ValueError, TypeError, AttributeError):
-            # Not ours, or mangled: treat it as "something changed".
-            types, due, delay = None, 1, None
+        except (ValueError, RecursionError):
+            notice = None
+        if not isinstance(notice, dict):
+            notice = {"due": 1}  # not ours, or mangled: treat it as "something changed"
+        if notice.get("schema", self.schema) != self.schema:
+            return None  # another pgtaskd's table in this database
+        if "cancelled" in notice:
+            task_id = notice["cancelled"]
+            return task_id if isinstance(task_id, str) and len(task_id) <= MAX_TASK_ID else None
+        types = notice.get("types")
+        types = tuple(t for t in types if isinstance(t, str)) if isinstance(types, list) else None
+        due = _count(notice.get("due"))
+        delay = _seconds(notice.get("delay"))
         if due > 0:
             self._wake(types, count=due)
-        if delay is not None and delay >= 0 and len(self._timers) < MAX_TIMERS:
+        if delay is not None and len(self._timers) < MAX_TIMERS:
             # A millisecond late rather than early: woken early, a child finds nothing and
             # would wait for its next poll.
             heapq.heappush(self._timers, (time.monotonic() + delay + 0.001, types))
+        return None
+
+    def _confirm_cancels(self, conn, task_ids: list[str]) -> None:
+        """A notification is a hint: only a task the database shows CANCELLED is acted on
+        (a cancel ends every claim of the task, so any child still holding one is told)."""
+        with within(conn, self.connect_timeout):
+            states = store.claim_states(conn, task_ids)
+        for task_id in dict.fromkeys(task_ids):
+            row = states.get(task_id)
+            if row is not None and row["status"] == "CANCELLED":
+                self.on_cancelled(task_id)
 
     def _fire_timers(self) -> None:
         now = time.monotonic()
@@ -168,3 +195,20 @@ class WakeRelay(threading.Thread):
             except psycopg.Error:
                 pass
 
+
+
+def _count(value) -> int:
+    """A notification's "due": a whole number of tasks, else 1 (something changed)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return 1
+    return 0 if value <= 0 else int(min(value, MAX_WAKE_COUNT))
+
+
+def _seconds(value) -> float | None:
+    """A notification's "delay": seconds from now, or None for none or nonsense."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if 0 <= value <= MAX_TIMER_SECONDS else None

@@ -51,3 +51,13 @@ def works(task):
             time.sleep(0.01)
     finally:
         _log(task, "end")
+
+
+def gated(task):
+    """Runs until the file ``payload.gate`` exists (at most 30 s), so a test decides when
+    the task behind it in a batch would start."""
+    _log(task, "start")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(task.payload["gate"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _log(task, "end")

@@ -377,3 +377,20 @@ def test_a_dsn_libpq_cannot_read_is_a_problem_that_shows_no_password(dsn, fragme
 ])
 def test_a_folder_with_a_nul_character_is_a_problem(tree, key_path):
     assert "NUL" in problem_for(problems_of(tree), key_path)
+
+
+@pytest.mark.parametrize("key_path, tree", [
+    ("handlers.path", {"handlers": {"path": "hand\ud800lers"}}),
+    ("database.data_dir", {"database": {"data_dir": "pg\ud800data"}}),
+])
+def test_a_folder_no_file_name_can_hold_is_a_problem(key_path, tree):
+    assert "no file name can" in problem_for(problems_of(tree), key_path)
+
+
+@pytest.mark.parametrize("key_path, tree", [
+    ("handlers.path", {"handlers": {"path": "loop/handlers"}}),
+    ("database.data_dir", {"database": {"data_dir": "loop/pgdata"}}),
+])
+def test_a_folder_behind_a_symlink_loop_is_a_problem(tmp_path, key_path, tree):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert "Symlink loop" in problem_for(problems_of(tree, base_dir=tmp_path), key_path)
