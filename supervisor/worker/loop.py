@@ -10,9 +10,8 @@ Two things make the loop cheap without giving up a guarantee. Completions are wr
 the same statement (one round trip, one commit) as the claim of the next tasks, each still
 conditioned on its own token; a worker that stops or goes idle writes them first. And with
 ``pools.<name>.batch_size`` above 1, one statement claims several due tasks, run in order,
-each under its own lease and token. A claimed task must not wait long behind a slow handler:
-once the handler ahead of it has run for BATCH_HOLD seconds, the tasks still waiting are
-given back (without spending a retry) for any idle worker to take.
+each under its own lease and token (batches.py). The final writes and what each outcome
+counts and logs are in outcomes.py.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from psycopg_pool import ConnectionPool
@@ -34,46 +32,21 @@ from ..db import store
 from ..db.deadline import within
 from ..errors import PermanentError, TaskCancelled, TaskTimedOut, one_line
 from ..logs import emit
-from .failures import describe, shorten, with_origin
-from .final_writes import DB_ERRORS, STATEMENT_DEADLINE, AlreadyWritten, write_final
+from .batches import BATCH_HOLD, BatchRunning
+from .failures import describe
+from .final_writes import DB_ERRORS, STATEMENT_DEADLINE
 from .leases import LeaseHolder, LocalLeases
+from .outcomes import Done, Outcome, Settling
 from .pools import open_pool
-from .task import Task, decode_payload, stop_margin
+from .task import Task
 from .usage import RunMeter, current_rss_bytes
 
-# How long a final write keeps retrying through a database outage before giving up; past it
-# the lease has long expired and the task runs again elsewhere (at-least-once).
-MIN_FINALIZE_PATIENCE = 60.0
 MAX_LOOP_ERROR_BACKOFF = 10.0
-MAX_ERROR_MESSAGE = 4000
-# A batch's waiting tasks are given back once the handler ahead of them ran this long (or a
-# quarter of the lease, if that is shorter).
-BATCH_HOLD = 1.0
-GUARD_POLL = 0.25
 # Each child recycles after max_tasks_per_child tasks, give or take this fraction.
 RECYCLE_JITTER = 0.1
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """How one run ended, as the metrics name it."""
-    name: str  # completed | retried | failed | cancelled | stale | lost
-    status: str | None = None
-    retry_count: int | None = None
-    retry_delay: float | None = None
-
-
-@dataclass
-class _Done:
-    """A run whose handler succeeded, waiting for its completion to be written."""
-    claim: store.Claim
-    task: Task
-    fields: dict
-    duration: float
-    usage: tuple[float | None, int | None] = (None, None)  # CPU seconds, peak RSS bytes
-
-
-class Worker:
+class Worker(BatchRunning, Settling):
     def __init__(self, config: Config, *, pool: ConnectionPool, handlers: Mapping[str, Callable],
                  worker_id: str, pool_name: str = "default", batch_size: int = 1,
                  leases: Callable[["Worker"], LeaseHolder] | None = None,
@@ -118,7 +91,7 @@ class Worker:
         self._batch = threading.Condition()
         self._waiting: collections.deque[tuple[Task, int]] = collections.deque()
         self._running_since: float | None = None
-        self._done: list[_Done] = []
+        self._done: list[Done] = []
         self._guard: threading.Thread | None = None
         # run_once() keeps each run's outcome for its caller; the endless loop does not.
         self.keep_outcomes = False
@@ -301,65 +274,7 @@ class Worker:
         self.flush()
         return [self.outcomes[token] for _, token in batch]
 
-    def _accept(self, rows: list[dict], claimed_at: float) -> list[tuple[Task, int]]:
-        batch = []
-        for row in rows:
-            try:
-                payload = row["payload"]
-                row = {**row, "payload": decode_payload(payload) if isinstance(payload, str)
-                       else payload}
-                error = None
-            except (ValueError, RecursionError) as exc:
-                row = {**row, "payload": {}}
-                error = exc
-            task = Task.from_row(row, worker_id=self.worker_id,
-                                 connection=self.handler_connection,
-                                 refresh=getattr(self.leases, "refresh", None))
-            task.lease_expires_at = claimed_at + self.config.lease.seconds
-            task.lease_margin = stop_margin(self.config.lease.seconds)
-            task.undecodable = error
-            batch.append((task, row["lease_token"]))
-        if not batch:
-            return []
-        tokens = [token for _, token in batch]
-        for task, token in batch:
-            self._held[token] = task
-        if not self.leases.hold([task for task, _ in batch], tokens):
-            # Nobody would renew these leases: running them could overlap another worker's
-            # run once they expire. Give them back instead.
-            self._give_back(batch, reason="the supervisor did not take the claims")
-            return []
-        _count(metrics.TASKS_CLAIMED, self.pool_name, (task for task, _ in batch))
-        for task, token in batch:
-            emit("task_claimed", token=token, attempt=task.attempts, **self._fields(task))
-        return batch
-
     # -- running ----------------------------------------------------------------------------
-
-    def run_batch(self, batch: list[tuple[Task, int]]) -> None:
-        """Run a claimed batch in order. On a stop, the running task finishes and what never
-        started goes back to the queue without spending a retry."""
-        if len(batch) > 1 and self._guard is None:
-            self._guard = threading.Thread(target=self._guard_batches, name="batch-guard",
-                                           daemon=True)
-            self._guard.start()
-        with self._batch:
-            self._waiting = collections.deque(batch)
-        while True:
-            with self._batch:
-                if not self._waiting or self.stop_event.is_set():
-                    rest, self._waiting = list(self._waiting), collections.deque()
-                    break
-                task, token = self._waiting.popleft()
-                # The guard looks at this every GUARD_POLL; waking it per task would cost a
-                # thread switch each.
-                self._running_since = time.monotonic()
-            try:
-                self.execute(task, token)
-            finally:
-                with self._batch:
-                    self._running_since = None
-        self._give_back(rest, reason="the worker is stopping")
 
     def execute(self, task: Task, token: int) -> None:
         claim = store.Claim(task.id, self.worker_id, token)
@@ -417,7 +332,7 @@ class Worker:
             # Even if the task stopped being ours while the handler ran, the write is tried:
             # the token condition decides, and a lost claim drops the result as stale.
             with self._batch:
-                self._done.append(_Done(claim, task, fields, duration, usage))
+                self._done.append(Done(claim, task, fields, duration, usage))
             return
         if isinstance(error, TaskCancelled) and not isinstance(error, TaskTimedOut):
             outcome = self._stopped_by_cancel(claim, task, fields)
@@ -426,176 +341,6 @@ class Worker:
                                  usage=usage)
         self._record(token, outcome, task, duration, usage)
 
-    def _record(self, token: int, outcome: Outcome, task: Task, duration: float | None,
-                usage: tuple[float | None, int | None] = (None, None)) -> None:
-        """A claim is settled: stop its renewal, count it, remember how it ended."""
-        self._held.pop(token, None)
-        self.leases.drop([token])
-        if duration is not None:
-            metrics.TASK_DURATION.labels(self.pool_name, task.task_type,
-                                         outcome.name).observe(duration)
-        if usage[0] is not None:
-            metrics.TASK_CPU.labels(self.pool_name, task.task_type).observe(usage[0])
-            metrics.TASK_PEAK_RSS.labels(self.pool_name, task.task_type).observe(usage[1])
-        if self.keep_outcomes:
-            self.outcomes[token] = outcome
-
-    # -- completions --------------------------------------------------------------------------
-
-    def flush(self) -> None:
-        """Write every completion still waiting (the worker stops or runs out of work)."""
-        with self._batch:
-            done, self._done = self._done, []
-        self._write_completions(done)
-
-    def _write_completions(self, done: list[_Done]) -> None:
-        if not done:
-            return
-        landed = self._finalize(lambda conn: store.complete_tasks(conn, [d.claim for d in done],
-                                                                  [d.usage for d in done]),
-                                done[0].claim, {**done[0].fields, "tasks": len(done)})
-        if landed is None:
-            for item in done:
-                self._record(item.claim.token, Outcome("lost"), item.task, item.duration)
-            return
-        if isinstance(landed, AlreadyWritten):
-            landed = landed.tokens
-        self._report_completions(done, landed, check_own=True)
-
-    def _report_completions(self, done: list[_Done], landed: set[int], *,
-                            check_own: bool = False) -> None:
-        if not done:
-            return
-        missing = [d for d in done if d.claim.token not in landed]
-        if missing and check_own:
-            # A retried write: an earlier try may have landed with its answer lost.
-            landed = set(landed) | self._own_writes([d.claim for d in missing])
-        settled = []
-        _count(metrics.TASKS_COMPLETED, self.pool_name,
-               (item.task for item in done if item.claim.token in landed))
-        for item in done:
-            if item.claim.token in landed:
-                emit("task_completed", **item.fields)
-                outcome = Outcome("completed", "COMPLETED", item.task.retry_count)
-            else:
-                outcome = self._stale(item.claim, item.task, item.fields, "completed")
-            settled.append((item, outcome))
-        for item, outcome in settled:
-            self._record(item.claim.token, outcome, item.task, item.duration, item.usage)
-
-    def _own_writes(self, claims: list[store.Claim]) -> set[int]:
-        try:
-            with self.pool.connection() as conn, within(conn, STATEMENT_DEADLINE):
-                states = store.claim_states(conn, [c.task_id for c in claims])
-        except DB_ERRORS:
-            return set()
-        return {c.token for c in claims
-                if (row := states.get(c.task_id)) and row["lease_token"] == c.token
-                and row["status"] == "COMPLETED"}
-
-    # -- failures, cancellations, stale results -----------------------------------------------
-
-    def _fail(self, claim, task, error, permanent, fields, usage=(None, None)) -> Outcome:
-        message = describe(error)
-        detail = message if permanent else with_origin(error, message)
-        # fail_attempt answers None when the claim is not ours; "or False" keeps that apart
-        # from _finalize's None, which means the write was given up on.
-        result = self._finalize(
-            lambda conn: store.fail_attempt(conn, claim, error=detail[:MAX_ERROR_MESSAGE],
-                                            permanent=permanent, retry=self.config.retry,
-                                            cpu_seconds=usage[0], peak_rss_bytes=usage[1])
-            or False,
-            claim, fields)
-        if result is None:
-            return Outcome("lost")
-        if not result:
-            return self._stale(claim, task, fields, "failed")
-        if isinstance(result, AlreadyWritten):
-            result = {"status": result.row["status"], "retry_count": result.row["retry_count"],
-                      "retry_delay": None}
-        fields = {**fields, "retry_count": result["retry_count"]}
-        if result["status"] == "FAILED":
-            metrics.TASKS_FAILED.labels(self.pool_name, task.task_type).inc()
-            emit("task_failed", logging.ERROR, error=shorten(message), permanent=permanent,
-                 **fields)
-            return Outcome("failed", "FAILED", result["retry_count"])
-        delay = None if result["retry_delay"] is None else round(result["retry_delay"], 3)
-        metrics.TASKS_RETRIED.labels(self.pool_name, task.task_type).inc()
-        emit("task_retry_scheduled", logging.WARNING, error=shorten(message), retry_delay=delay,
-             **fields)
-        return Outcome("retried", "PENDING", result["retry_count"], delay)
-
-    def _stopped_by_cancel(self, claim, task, fields) -> Outcome:
-        """The handler stopped at a safe point because the task was no longer ours."""
-        row = self._finalize(lambda conn: store.task_status(conn, claim.task_id), claim, fields)
-        still_ours = bool(row) and row["status"] == "RUNNING" and row["lease_token"] == claim.token
-        if still_ours:
-            # Our clock said the lease ran out while the database was away, yet nobody took
-            # the task: count the interrupted run as a failed attempt rather than leave it
-            # RUNNING until the lease expires.
-            return self._fail(claim, task, TaskCancelled(task.cancel_reason or "stopped"),
-                              False, fields)
-        if row is None or row["status"] != "CANCELLED":
-            # Nobody cancelled it: the lease passed to another worker, which runs it now.
-            return self._stale(claim, task, fields, "stopped")
-        metrics.TASKS_CANCELLED.labels(self.pool_name, task.task_type).inc()
-        emit("task_cancelled", reason=task.cancel_reason, stopped_by_handler=True, **fields)
-        return Outcome("cancelled", "CANCELLED")
-
-    def _stale(self, claim, task, fields, result: str) -> Outcome:
-        metrics.STALE_RESULTS.labels(self.pool_name, task.task_type).inc()
-        emit("stale_result_discarded", logging.WARNING, result=result,
-             reason=task.cancel_reason or "claim lost before the final write", token=claim.token,
-             **fields)
-        return Outcome("stale")
-
-    def _give_back(self, batch: Sequence[tuple[Task, int]], *, reason: str) -> None:
-        """Release claims that never started, without spending a retry."""
-        if not batch:
-            return
-        pairs = [(task.id, token) for task, token in batch]
-        released = self._finalize(lambda conn: store.release_tasks(conn, pairs),
-                                  store.Claim(pairs[0][0], self.worker_id, pairs[0][1]),
-                                  {"worker_id": self.worker_id, "pool": self.pool_name,
-                                   "tasks": len(pairs)}) or set()
-        emit("batch_released", worker_id=self.worker_id, pool=self.pool_name, reason=reason,
-             tasks=len(pairs), released=len(released))
-        for task, token in batch:
-            self._record(token, Outcome("released"), task, None)
-
-    # -- the batch guard ------------------------------------------------------------------------
-
-    def _guard_batches(self) -> None:
-        """Give back a batch's waiting tasks, and write its finished completions, once the
-        handler running ahead of them has taken longer than batch_hold."""
-        while not self.stop_event.is_set():
-            with self._batch:
-                since = self._running_since
-                if since is None or not (self._waiting or self._done):
-                    self._batch.wait(GUARD_POLL)
-                    continue
-                left = since + self.batch_hold - time.monotonic()
-                if left > 0:
-                    self._batch.wait(min(left, GUARD_POLL))
-                    continue
-                waiting, self._waiting = list(self._waiting), collections.deque()
-                done, self._done = self._done, []
-                # Until the next handler starts, this batch is dealt with.
-                self._running_since = None
-            self._write_completions(done)
-            self._give_back(waiting, reason=f"the handler ahead ran over {self.batch_hold:g} s")
-
-    def _finalize(self, write: Callable, claim: store.Claim, fields: dict):
-        patience = max(MIN_FINALIZE_PATIENCE, 2 * self.config.lease.seconds)
-        return write_final(self.pool, write, claim, fields, patience=patience)
-
     def _fields(self, task: Task) -> dict:
         return {"task_id": task.id, "worker_id": self.worker_id, "task_type": task.task_type,
                 "retry_count": task.retry_count, "pool": self.pool_name}
-
-
-def _count(counter, pool: str, tasks) -> None:
-    """One increment per task type rather than per task: each costs a lock and a write."""
-    by_type = collections.Counter(task.task_type for task in tasks)
-    for task_type, number in by_type.items():
-        counter.labels(pool, task_type).inc(number)
