@@ -26,6 +26,8 @@ from ..channel import Link, socket_pair
 from ..config import CONFIG_SNAPSHOT_ENV, DSN_ENV, Config
 from ..logs import emit
 
+# A child that does not say "booted" within this long is killed and counts as a boot failure.
+BOOT_TIMEOUT = 60.0
 # Restart backoff per slot: doubles per consecutive early death, capped, with jitter.
 RESTART_BASE_DELAY = 0.1
 RESTART_MAX_DELAY = 30.0
