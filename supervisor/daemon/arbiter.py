@@ -6,8 +6,12 @@ children that exited, starts or stops children until every pool has its configur
 advances a reload in progress, and pings systemd. It never waits on the database: the lease
 keeper thread renews every claim the children hold and settles the claims of dead children,
 the wake-up relay listens for new work, and the reaper, the health check and retention
-have threads of their own. The parent never imports handler modules and never hands a connection to a
-child.
+have threads of their own. The parent never imports handler modules and never hands a
+connection to a child.
+
+The Arbiter's methods are its process verbs; the children's messages are read by ChildLinks
+(child_links.py), a reload's steps are in reloads.py, the stop sequence in shutdown.py, and
+what systemd is told each turn in systemd.py (SystemdReport).
 """
 
 from __future__ import annotations
@@ -18,25 +22,23 @@ import os
 import select
 import signal
 import time
-from dataclasses import dataclass
-
 
 from .. import proctitle
 from . import systemd
-from .children import Child, RestartPolicy, describe_exit, kill_group, spawn_child
-from ..config import Config, load_config
+from .child_links import ChildLinks
+from .children import (BOOT_TIMEOUT, CLAIMED, FINISHED, STARTED, Child, RestartPolicy,
+                       describe_exit, kill_group, spawn_child)
+from ..config import Config
 from ..db.redact import redact_dsn
 from ..db.session import database_dsn
-from ..errors import EXIT_FAILURE, EXIT_OK, ConfigError, OperationalError, one_line
+from ..errors import EXIT_FAILURE, EXIT_OK, OperationalError
 from .open_files import raise_open_files_limit, restore_open_files_limit
 from ..logs import emit
+from .reloads import Reload, Reloading
 from .run_policies import RunPolicies
 from .services import Services, cleanup_metrics_dir, prepare_metrics_dir, wait_for_database
+from .shutdown import Shutdown
 
-# A child that does not say "booted" within this long is killed and counts as a boot failure.
-BOOT_TIMEOUT = 60.0
-# How long a stopping supervisor waits for the lease keeper to settle its last claims.
-SETTLE_PATIENCE = 5.0
 LOOP_TICK = 0.5
 
 SIGNAL_NAMES = {signal.SIGHUP: "hup", signal.SIGTERM: "term", signal.SIGINT: "int",
@@ -44,15 +46,7 @@ SIGNAL_NAMES = {signal.SIGHUP: "hup", signal.SIGTERM: "term", signal.SIGINT: "in
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
-@dataclass
-class Reload:
-    generation: int
-    config: Config
-    deadline: float
-    failure: str | None = None  # set when a child of the new generation dies unbooted
-
-
-class Arbiter:
+class Arbiter(Reloading, Shutdown):
     def __init__(self, config: Config, *, migrate_on_start: bool = True, demo: bool = False):
         self.config = config
         self.migrate_on_start = migrate_on_start
@@ -68,17 +62,16 @@ class Arbiter:
         self.reload_requested = False
         self.stopping: str | None = None  # "graceful" or "quick"
         self.children_gone_at: float | None = None
-        self.ready_sent = False
+        self.systemd_report = systemd.SystemdReport()
         self.dsn: str | None = None
         self._wake_r, self._wake_w = os.pipe()
         self.metrics_dir: str | None = None
         self.child_open_files: tuple[int, int] | None = None
         self.services = None
+        self.links: ChildLinks | None = None  # once the services run
         self.run_policies = RunPolicies(
             lambda child, task_type: self.generation_config(child.generation)
             .handlers.policy(task_type))
-        self._last_watchdog = 0.0
-        self._last_status = ""
         self.started_at = time.monotonic()
         from ..maintenance.health import ChildrenStatus
         self.children_snapshot = ChildrenStatus(0, sum(self.targets.values()))
@@ -105,6 +98,7 @@ class Arbiter:
                                          children_status=lambda: self.children_snapshot,
                                          on_cancelled=self.on_cancelled)
                 self.services.start()
+                self.links = ChildLinks(self.services, self.run_policies)
                 try:
                     self.loop()
                 finally:
@@ -170,44 +164,7 @@ class Arbiter:
                 except BlockingIOError:
                     pass
             elif fd in links:
-                self.read_link(links[fd])
-
-    def read_link(self, child: Child) -> None:
-        messages, open_ = child.link.receive()
-        for message in messages:
-            try:
-                self.on_message(child, message)
-            except (KeyError, TypeError, ValueError) as exc:
-                emit("bad_child_message", logging.WARNING, child_pid=child.pid,
-                     kind=str(message.get("kind"))[:40], error=repr(exc)[:200])
-        if not open_:
-            child.link.close()
-
-    def on_message(self, child: Child, message: dict) -> None:
-        kind = message.get("kind")
-        # Settled claims ride on the next message, whatever its kind.
-        self.on_settled(child, message.get("done") or message.get("tokens") or ())
-        if kind == "claimed":
-            self.on_claimed(child, message["claims"])
-        elif kind == "started":
-            self.run_policies.started(child, message)
-        elif kind == "stopping":
-            if message.get("reason") == "recycle" and not child.stopping:
-                # An expected exit: replaced at once, with no restart backoff.
-                child.stopping = "recycle"
-        elif kind == "idle":
-            child.idle_since = float(message["since"])
-            if self.services.relay is not None:
-                self.services.relay.wake_if_missed(child)
-        elif kind == "booted":
-            child.booted = True
-            child.worker_id = message.get("worker_id")
-            emit("worker_booted", pool=child.pool, slot=child.slot, child_pid=child.pid,
-                 generation=child.generation, worker_id=child.worker_id)
-        elif kind == "boot_failed":
-            child.boot_error = str(message.get("error"))
-        elif kind == "waiting_db":
-            child.waiting_db = True
+                self.links.read(links[fd])
 
     def on_cancelled(self, task_id: str) -> None:
         """The database shows this task CANCELLED (called from the listener or the lease
@@ -215,31 +172,6 @@ class Arbiter:
         type."""
         self.run_policies.cancelled(task_id)
         self.wake()
-
-    def on_settled(self, child: Child, tokens) -> None:
-        if not tokens:
-            return
-        tokens = [int(t) for t in tokens]
-        self.keeper.drop(tokens)
-        self.run_policies.settled(child, tokens)
-        for token in tokens:
-            child.claims.pop(token, None)
-
-    def on_claimed(self, child: Child, claims: list) -> None:
-        from ..lease_keeper import Held
-
-        child.idle_since = None
-        child.claimed_any = True
-        lease = (child.config or self.config).lease
-        held = []
-        for task_id, token, task_type in claims:
-            token = int(token)
-            child.claims[token] = str(task_id)
-            held.append(Held(str(task_id), token, str(task_type), child.worker_id or "",
-                             child.pool, holder=child, lease_seconds=lease.seconds,
-                             renew_interval=lease.renew_interval))
-        self.keeper.hold(held)
-
     # -- signals ----------------------------------------------------------------------------
 
     def install_signals(self) -> None:
@@ -296,11 +228,6 @@ class Arbiter:
         emit("pools_resized", targets=dict(self.targets), signal="SIGTTOU")
 
     # -- children ---------------------------------------------------------------------------
-
-    def generation_config(self, generation: int) -> Config:
-        if self.reload is not None and generation == self.reload.generation:
-            return self.reload.config
-        return self.config
 
     def spawn_worker(self, pool: str, slot: int, generation: int) -> Child | None:
         child = spawn_child(self.generation_config(generation), pool, slot, generation,
@@ -373,7 +300,7 @@ class Arbiter:
             if child.kill_at is not None and now >= child.kill_at and not child.killed_by_us:
                 emit("worker_stop_timeout", logging.WARNING, pool=child.pool, slot=child.slot,
                      child_pid=child.pid, stopping=child.stopping,
-                     task_id=next(iter(child.claims.values()), None))
+                     task_id=child.task_in_hand())
                 self.kill_child(child)
             elif not child.booted and not child.stopping and not child.waiting_db \
                     and now - child.started > BOOT_TIMEOUT:
@@ -391,7 +318,7 @@ class Arbiter:
             if code is None:
                 continue
             # Whatever the child sent before it died (a last "done") must count.
-            self.read_link(child)
+            self.links.read(child)
             child.link.close()
             del self.children[child.pid]
             self.children_view = tuple(self.children.values())
@@ -414,7 +341,7 @@ class Arbiter:
         emit("worker_exited", logging.INFO if expected else logging.ERROR, pool=child.pool,
              slot=child.slot, child_pid=child.pid, exit=how, lived_seconds=round(lived, 3),
              booted=child.booted, stopping=child.stopping,
-             task_id=next(iter(child.claims.values()), None))
+             task_id=child.task_in_hand())
         self.settle_claims(child, how)
         if child.stopping:
             return
@@ -429,127 +356,36 @@ class Arbiter:
         self.restarts.child_exited(child, how, lived, code)
 
     def settle_claims(self, child: Child, how: str) -> None:
-        """The claims a dead child held, handed to the lease keeper's thread. A run counts as
-        a failed attempt at once (no waiting for the lease to expire), unless a shutdown
-        stopped it: then it is released without spending a retry. Claims the child never
-        started (a batch's waiting tasks, when it reported which one ran) are released."""
+        """The claims a dead child held, handed to the lease keeper's thread, each settled by
+        what the child said of it: a run whose handler succeeded is completed; the run it was
+        in counts as a failed attempt at once (no waiting for the lease to expire), unless we
+        stopped it on purpose (a shutdown): then it is released; a claim it never started
+        goes back without spending a retry."""
         held = self.keeper.drop_holder(child)
         if not held:
             return
-        worker = child.worker_id or child.label
+        state = {token: claim.state for token, claim in child.claims.items()}
+        finished = [h for h in held if state.get(h.token) == FINISHED]
+        running = [h for h in held if state.get(h.token) == STARTED]
+        waiting = [h for h in held if state.get(h.token, CLAIMED) == CLAIMED]
+        self.keeper.settle("complete", finished, "completed")
+        self.keeper.settle("release", waiting, "release")
         if child.stopping in ("shutdown", "reload aborted") and child.killed_by_us:
-            self.keeper.settle("release", held, "release")
-            return
-        if child.stopping == "timeout":
-            reason = f"worker {worker} killed: its task {child.timeout_reason}"
-        elif child.stopping in ("reload", "shrink") and child.killed_by_us \
-                and child.stop_grace is not None:
-            # The timeout it was stopped under: a reload may have changed it (or removed it)
-            # since.
-            reason = (f"worker {worker} killed: its task outlasted reload_timeout "
-                      f"({child.stop_grace:g} s) during a {child.stopping}")
+            self.keeper.settle("release", running, "release")
         else:
-            reason = f"worker {worker} died ({how}) while running the task"
-        running = child.running.token if child.running is not None else None
-        if running is None:
-            self.keeper.settle("rescue", held, reason)
-            return
-        self.keeper.settle("rescue", [h for h in held if h.token == running], reason)
-        self.keeper.settle("release", [h for h in held if h.token != running], "release")
+            self.keeper.settle("rescue", running, self.death_reason(child, how))
 
-    # -- reload -----------------------------------------------------------------------------
-
-    def begin_reload(self) -> None:
-        try:
-            new_config = load_config(self.config.path)
-        except ConfigError as exc:
-            emit("reload_failed", logging.ERROR, reason="invalid config, keeping the running one",
-                 problems=exc.problems)
-            return
-        except Exception as exc:  # noqa: BLE001 - no config, however odd, may stop the daemon
-            emit("reload_failed", logging.ERROR, reason="the config could not be loaded, "
-                 "keeping the running one", problems=[one_line(exc)])
-            return
-        if new_config.database != self.config.database:
-            emit("reload_warning", logging.WARNING,
-                 reason="database settings change only on restart; keeping the current database")
-        systemd.reloading()
-        generation = self.generation + 1
-        self.reload = Reload(generation, new_config, time.monotonic() + BOOT_TIMEOUT)
-        emit("reload_started", generation=generation,
-             pools={p.name: p.processes for p in new_config.pools})
-        self.spawn_generation(generation, new_config)
-
-    def advance_reload(self) -> None:
-        reload = self.reload
-        if reload is None:
-            if self.reload_requested:
-                self.reload_requested = False
-                self.begin_reload()
-            return
-        newborn = [c for c in self.children.values() if c.generation == reload.generation]
-        expected = sum(p.processes for p in reload.config.pools)
-        failed = reload.failure
-        if failed or time.monotonic() > reload.deadline:
-            for child in newborn:
-                self.stop_child(child, "reload aborted", grace=self.config.shutdown_timeout)
-            emit("reload_failed", logging.ERROR, generation=reload.generation,
-                 reason=failed or "the new workers did not boot in time",
-                 kept_generation=self.generation)
-            self.reload = None
-            systemd.notify("READY=1")
-            return
-        if sum(1 for c in newborn if c.booted) < expected:
-            return
-        # Every new child booted: retire the old generation; each finishes its current task.
-        for child in list(self.children.values()):
-            if child.generation != reload.generation:
-                self.stop_child(child, "reload")
-        self.config = reload.config
-        self.generation = reload.generation
-        self.targets = {p.name: p.processes for p in reload.config.pools}
-        self.restarts.reset()  # a reload is the way to re-arm a fused pool
-        self.services.apply(reload.config)
-        self.reload = None
-        emit("reload_finished", generation=self.generation, pools=dict(self.targets))
-        systemd.notify("READY=1")
-
-    # -- stopping ---------------------------------------------------------------------------
-
-    def begin_stop(self, mode: str, via: str) -> None:
-        if self.stopping == "quick" or (self.stopping == mode):
-            return
-        self.stopping = mode
-        systemd.notify("STOPPING=1", f"STATUS=stopping ({via})")
-        grace = self.config.shutdown_timeout if mode == "graceful" else 0.0
-        emit("supervisor_stopping", mode=mode, signal=via, grace_seconds=grace,
-             children=len(self.children))
-        self.reload = None
-        for child in self.children.values():
-            if mode == "quick":
-                child.stopping = "shutdown"
-                self.kill_child(child)
-            else:
-                # A child already retiring for a reload now has the shutdown's deadline.
-                child.stopping = None
-                self.stop_child(child, "shutdown", grace=grace)
-
-    def advance_stop(self) -> bool:
-        """Drive the shutdown; True once every child is gone and its claims settled (or the
-        database stayed away for SETTLE_PATIENCE)."""
-        self.murder_stuck()
-        if self.children:
-            return False
-        unsettled = self.keeper.unsettled()
-        if self.children_gone_at is None:
-            self.children_gone_at = time.monotonic()
-        if unsettled and time.monotonic() - self.children_gone_at < SETTLE_PATIENCE:
-            return False
-        if unsettled:
-            # The leases will expire and another daemon's reaper (or ours, next start)
-            # settles these; the shutdown does not hang on the database.
-            emit("shutdown_unsettled", logging.WARNING, tasks=unsettled)
-        return True
+    def death_reason(self, child: Child, how: str) -> str:
+        worker = child.worker_id or child.label
+        if child.stopping == "timeout":
+            return f"worker {worker} killed: its task {child.timeout_reason}"
+        if child.stopping in ("reload", "shrink") and child.killed_by_us \
+                and child.stop_grace is not None:
+            # The grace it was stopped with: a reload may have changed reload_timeout (or
+            # removed it) since.
+            return (f"worker {worker} killed: its task outlasted reload_timeout "
+                    f"({child.stop_grace:g} s) during a {child.stopping}")
+        return f"worker {worker} died ({how}) while running the task"
 
     # -- status -----------------------------------------------------------------------------
 
@@ -561,30 +397,10 @@ class Arbiter:
         return ChildrenStatus(live, sum(self.targets.values()), self.restarts.fused_pools())
 
     def notify_systemd(self) -> None:
-        now = time.monotonic()
         status = self.children_status()
         # The health thread reads this reference; replacing it whole is atomic.
         self.children_snapshot = status
-        if not self.ready_sent and not self.stopping:
-            first = [c for c in self.children.values() if c.generation == 1]
-            all_booted = all(c.booted for c in first) and len(first) >= status.expected
-            if all_booted or status.fused_pools or now - self.started_at > BOOT_TIMEOUT:
-                self.ready_sent = True
-                systemd.notify("READY=1")
-                emit("supervisor_ready", live=status.live, expected=status.expected,
-                     fused_pools=list(status.fused_pools))
-        interval = systemd.watchdog_interval()
-        if interval and now - self._last_watchdog >= interval:
-            self._last_watchdog = now
-            systemd.notify("WATCHDOG=1")
-        line = f"STATUS={status.live}/{status.expected} workers"
-        busy = sum(1 for c in self.children.values() if c.claims)
-        line += f", {busy} busy"
-        if status.fused_pools:
-            line += f", FUSED: {','.join(status.fused_pools)}"
-        if self.services is not None and self.services.health is not None:
-            latest = self.services.health.latest()
-            line += f", {latest.tasks_by_status.get('PENDING', 0)} pending"
-        if line != self._last_status:
-            self._last_status = line
-            systemd.notify(line)
+        health = self.services.health if self.services is not None else None
+        self.systemd_report.send(status, self.children.values(), stopping=self.stopping,
+                                 started_at=self.started_at, boot_timeout=BOOT_TIMEOUT,
+                                 health=health)

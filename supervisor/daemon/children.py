@@ -26,6 +26,8 @@ from ..channel import Link, socket_pair
 from ..config import CONFIG_SNAPSHOT_ENV, DSN_ENV, Config
 from ..logs import emit
 
+# A child that does not say "booted" within this long is killed and counts as a boot failure.
+BOOT_TIMEOUT = 60.0
 # Restart backoff per slot: doubles per consecutive early death, capped, with jitter.
 RESTART_BASE_DELAY = 0.1
 RESTART_MAX_DELAY = 30.0
@@ -38,6 +40,19 @@ FUSE_WINDOW = 60.0
 # /proc/<pid>/stat states of a process that makes progress (running, sleeping, disk wait,
 # idle kernel wait); T/t (stopped, traced) and Z/X (dead) do not.
 _PROGRESSING = frozenset("RSDIWP")
+
+
+# What a child said of each claim it holds: taken, its handler started, its handler
+# succeeded (the completion not written yet). A settled claim is dropped.
+CLAIMED, STARTED, FINISHED = "claimed", "started", "finished"
+
+
+@dataclass(eq=False)
+class ClaimState:
+    """One claim of a child, as the child's own messages describe it: never guessed, so that
+    a child's death charges an attempt to exactly the runs it was in."""
+    task_id: str
+    state: str = CLAIMED
 
 
 @dataclass(eq=False)
@@ -54,9 +69,9 @@ class Child:
     started: float = field(default_factory=time.monotonic)
     booted: bool = False
     worker_id: str | None = None
-    # token -> task id of every claim it holds (for STATUS, titles and exit logs; the lease
-    # keeper holds the claims themselves).
-    claims: dict[int, str] = field(default_factory=dict)
+    # token -> what the child said of every claim it holds (the lease keeper holds the claims
+    # themselves, for renewal).
+    claims: dict[int, ClaimState] = field(default_factory=dict)
     stopping: str | None = None  # why it was asked to stop: "shrink", "reload", "shutdown"
     kill_at: float | None = None  # when a stopping child gets SIGKILL (None: never)
     stop_grace: float | None = None  # the grace it was given when asked to stop
@@ -78,6 +93,15 @@ class Child:
     @property
     def label(self) -> str:
         return f"{self.pool}#{self.slot}"
+
+    def task_in_hand(self) -> str | None:
+        """The task it runs, else the first it holds (for logs)."""
+        ids = [c.task_id for c in self.claims.values() if c.state == STARTED]
+        return ids[0] if ids else next((c.task_id for c in self.claims.values()), None)
+
+    def holding(self, task_id: str) -> int | None:
+        """The token under which it holds this task, if it does."""
+        return next((t for t, c in self.claims.items() if c.task_id == task_id), None)
 
     def handles(self, task_types: Sequence[str] | None) -> bool:
         return task_types is None or not self.task_types.isdisjoint(task_types)

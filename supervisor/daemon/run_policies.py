@@ -88,7 +88,7 @@ class RunPolicies:
         while self._cancelled:
             task_id = self._cancelled.popleft()
             for child in children:
-                token = next((t for t, held in child.claims.items() if held == task_id), None)
+                token = child.holding(task_id)
                 if token is None:
                     continue
                 # At once, not at the next renewal: a claim still waiting in a batch must
