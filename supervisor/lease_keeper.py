@@ -76,8 +76,10 @@ class Held:
 
 @dataclass(frozen=True)
 class Settlement:
-    """Claims to settle: ``rescue`` counts the run as a failed attempt (its worker died),
-    ``release`` gives the task back without spending a retry (we stopped the worker)."""
+    """Claims to settle: ``rescue`` counts the run as a failed attempt (its worker died while
+    it ran), ``release`` gives the task back without spending a retry (it never started, or
+    we stopped the worker), ``complete`` writes the completion of a run whose handler
+    succeeded before its worker died."""
     kind: str
     claims: tuple[Held, ...]
     reason: str
@@ -303,8 +305,27 @@ class LeaseKeeper(threading.Thread):
                 emit("task_released", task_id=held.task_id, task_type=held.task_type,
                      released=held.task_id in released, pool=held.pool)
             return
+        if settlement.kind == "complete":
+            self._complete(conn, settlement.claims)
+            return
         for held in settlement.claims:
             self._rescue(conn, held, settlement.reason)
+
+    def _complete(self, conn, claims: Sequence[Held]) -> None:
+        # One statement per worker id: the completion is conditioned on each claim's owner.
+        by_worker: dict[str, list[Held]] = {}
+        for held in claims:
+            by_worker.setdefault(held.worker_id, []).append(held)
+        for worker_claims in by_worker.values():
+            landed = store.complete_tasks(conn, [h.claim() for h in worker_claims])
+            for held in worker_claims:
+                if held.token not in landed:
+                    emit("rescue_skipped", task_id=held.task_id, task_type=held.task_type,
+                         reason="the claim was already settled or lost")
+                    continue
+                metrics.TASKS_COMPLETED.labels(held.pool, held.task_type).inc()
+                emit("task_completed", task_id=held.task_id, task_type=held.task_type,
+                     worker_id=held.worker_id, pool=held.pool, written_by="supervisor")
 
     def _rescue(self, conn, held: Held, reason: str) -> None:
         row = store.rescue_task(conn, held.task_id, held.token, error=reason, retry=self.retry)

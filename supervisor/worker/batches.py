@@ -123,9 +123,13 @@ class BatchRunning:
 
     def _guard_batches(self) -> None:
         """Give back a batch's waiting tasks, and write its finished completions, once the
-        handler running ahead of them has taken longer than batch_hold."""
-        while not self.stop_event.is_set():
+        handler running ahead of them has taken longer than batch_hold; on a stop, give the
+        waiting ones back at once, however long the running one takes."""
+        while True:
             with self._batch:
+                if self.stop_event.is_set():
+                    waiting, self._waiting = list(self._waiting), collections.deque()
+                    break
                 since = self._running_since
                 if since is None or not (self._waiting or self._done):
                     self._batch.wait(GUARD_POLL)
@@ -140,4 +144,7 @@ class BatchRunning:
                 self._running_since = None
             self._write_completions(done)
             self._give_back(waiting, reason=f"the handler ahead ran over {self.batch_hold:g} s")
+        # The running task's completion, and those before it, are the loop's to write when
+        # it stops.
+        self._give_back(waiting, reason="the worker is stopping")
 

@@ -37,7 +37,13 @@ class LeaseHolder(Protocol):
         """These claims are settled: stop renewing them."""
 
     def started(self, task: Task, token: int) -> None:
-        """The handler of this claim starts now (its type has a timeout or cancel: kill)."""
+        """The handler of this claim starts now."""
+
+    def finished(self, token: int) -> None:
+        """This claim's handler succeeded; its completion is not written yet."""
+
+    def announce(self) -> None:
+        """Say which claims finished before their completions are written."""
 
     def idle(self, since: float) -> None:
         """Nothing was due at ``since``; the worker now waits for a wake-up or a poll."""
@@ -71,7 +77,8 @@ class SupervisedLeases:
         self.worker = worker
         self.pool_name = pool_name
         self._settled: list[int] = []
-        self._settled_lock = threading.Lock()  # the loop and its claim ahead both report
+        self._finished: list[int] = []
+        self._settled_lock = threading.Lock()  # the loop and its batch guard both report
         self._read_lock = threading.Lock()
         # The inbox thread reads only while the worker is busy: an idle worker waits on the
         # link itself, so a wake-up reaches it without a hop through another thread.
@@ -96,13 +103,23 @@ class SupervisedLeases:
         claims = [[task.id, token, task.task_type] for task, token in zip(tasks, tokens)]
         return self.link.send("claimed", claims=claims, done=self._take_settled())
 
+    def started(self, task: Task, token: int) -> None:
+        self.link.send("started", token=token, task_id=task.id, task_type=task.task_type,
+                       at=time.monotonic(), finished=self._take_finished(),
+                       done=self._take_settled())
+
+    def finished(self, token: int) -> None:
+        with self._settled_lock:
+            self._finished.append(token)
+
+    def announce(self) -> None:
+        finished = self._take_finished()
+        if finished:
+            self.link.send("finished", tokens=finished)
+
     def drop(self, tokens: Sequence[int]) -> None:
         with self._settled_lock:
             self._settled.extend(tokens)
-
-    def started(self, task: Task, token: int) -> None:
-        self.link.send("started", token=token, task_id=task.id, task_type=task.task_type,
-                       at=time.monotonic())
 
     def idle(self, since: float) -> None:
         self.link.send("idle", since=since, done=self._take_settled())
@@ -111,6 +128,11 @@ class SupervisedLeases:
         with self._settled_lock:
             settled, self._settled = self._settled, []
         return settled
+
+    def _take_finished(self) -> list[int]:
+        with self._settled_lock:
+            finished, self._finished = self._finished, []
+        return finished
 
     def wait(self, timeout: float, woken: threading.Event) -> None:
         fd = self.link.fileno()
@@ -216,6 +238,12 @@ class LocalLeases:
 
     def started(self, task: Task, token: int) -> None:
         pass  # no supervisor: timeouts and cancel-kills are not enforced (pgtaskd worker)
+
+    def finished(self, token: int) -> None:
+        pass  # the keeper of this process dies with it: nobody settles for a dead worker
+
+    def announce(self) -> None:
+        pass
 
     def idle(self, since: float) -> None:
         pass

@@ -243,6 +243,8 @@ class Worker(BatchRunning, Settling):
         if not self.task_types or self.stop_event.is_set():
             self._write_completions(done)
             return []
+        if done:
+            self.leases.announce()
         # The database starts each lease at its now(), which is no earlier than this.
         claimed_at = time.monotonic()
         try:
@@ -300,10 +302,10 @@ class Worker(BatchRunning, Settling):
             self._record(token, self._stopped_by_cancel(claim, task, fields), task, 0.0)
             return
         self.on_title(f"running {task.id}")
-        if self.config.handlers.policy(task.task_type).watched:
-            # The supervisor enforces this type's timeout or kills it on a cancel: it has
-            # to know when the run starts and which child runs it.
-            self.leases.started(task, token)
+        # Before the handler can do anything: a child that dies from here on is charged an
+        # attempt for this claim, and only for this one (its batch's waiting claims go back
+        # free), and the supervisor times the run if its type has a timeout.
+        self.leases.started(task, token)
         meter_start = self.meter.start()
         started = time.monotonic()
         error: BaseException | None = None
@@ -333,6 +335,9 @@ class Worker(BatchRunning, Settling):
             # the token condition decides, and a lost claim drops the result as stale.
             with self._batch:
                 self._done.append(Done(claim, task, fields, duration, usage))
+            # Said with the next message, and before its completion is written: should this
+            # child die first, the supervisor writes the completion instead of charging it.
+            self.leases.finished(token)
             return
         if isinstance(error, TaskCancelled) and not isinstance(error, TaskTimedOut):
             outcome = self._stopped_by_cancel(claim, task, fields)
