@@ -51,10 +51,10 @@ def encode(kind: str, fields: dict) -> bytes:
     return json.dumps({"kind": kind, **fields}, default=str, separators=(",", ":")).encode()
 
 
-def decode(packet: bytes) -> dict | None:
+def decode(packet: bytes | memoryview) -> dict | None:
     try:
-        message = json.loads(packet)
-    except ValueError:
+        message = json.loads(bytes(packet))
+    except (ValueError, RecursionError):
         return None  # not our protocol; one bad packet must not kill the reader
     return message if isinstance(message, dict) and "kind" in message else None
 
@@ -72,6 +72,7 @@ class Link:
     def __init__(self, sock: socket.socket | None, *, blocking: bool):
         self.sock = sock
         self._lock = threading.Lock()
+        self._buffer: bytearray | None = None  # for receive(), made on first use
         if sock is None:
             return
         if blocking:
@@ -124,16 +125,21 @@ class Link:
         if sock is None:
             return [], False
         messages = []
+        if self._buffer is None:
+            self._buffer = bytearray(MAX_PACKET)
+        view = memoryview(self._buffer)
         while True:
             try:
-                packet = sock.recv(MAX_PACKET, socket.MSG_DONTWAIT)
+                # Into one buffer kept for the link: recv(MAX_PACKET) would allocate (and
+                # then shrink) 256 KiB for every packet, one per task on a busy child.
+                size = sock.recv_into(view, MAX_PACKET, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return messages, True
             except OSError:
                 return messages, False
-            if not packet:
+            if not size:
                 return messages, False
-            message = decode(packet)
+            message = decode(view[:size])
             if message is not None:
                 messages.append(message)
 

@@ -26,8 +26,8 @@ import time
 from .. import proctitle
 from . import systemd
 from .child_links import ChildLinks
-from .children import (BOOT_TIMEOUT, CLAIMED, FINISHED, STARTED, Child, RestartPolicy,
-                       describe_exit, kill_group, spawn_child)
+from ..claim_board import CLAIMED, FINISHED, STARTED
+from .children import BOOT_TIMEOUT, Child, RestartPolicy, describe_exit, kill_group, spawn_child
 from ..config import Config
 from ..db.redact import redact_dsn
 from ..db.session import database_dsn
@@ -40,6 +40,8 @@ from .services import Services, cleanup_metrics_dir, prepare_metrics_dir, wait_f
 from .shutdown import Shutdown
 
 LOOP_TICK = 0.5
+# After children's messages alone, the rest of the loop runs within this long.
+PASS_INTERVAL = 0.05
 
 SIGNAL_NAMES = {signal.SIGHUP: "hup", signal.SIGTERM: "term", signal.SIGINT: "int",
                 signal.SIGQUIT: "quit", signal.SIGTTIN: "ttin", signal.SIGTTOU: "ttou"}
@@ -121,8 +123,19 @@ class Arbiter(Reloading, Shutdown):
     def loop(self) -> None:
         self.started_at = time.monotonic()
         self.spawn_generation(self.generation, self.config)
+        pass_due: float | None = None  # a pass put off after messages alone
         while True:
-            self.wait_for_events()
+            timeout = self.next_deadline()
+            if pass_due is not None:
+                timeout = min(timeout, max(0.0, pass_due - time.monotonic()))
+            if self.wait_for_events(timeout):
+                # Only children's messages: a busy pool sends one per task, and a whole pass
+                # (reaping, pools, systemd) per message would cost more than the messages.
+                now = time.monotonic()
+                pass_due = pass_due or now + PASS_INTERVAL
+                if now < pass_due:
+                    continue
+            pass_due = None
             self.dispatch_signals()
             self.reap_children()
             self.run_policies.enforce(list(self.children.values()), self.kill_child)
@@ -146,7 +159,9 @@ class Arbiter(Reloading, Shutdown):
             due.append(run_deadline)
         return max(0.0, min(due) - now)
 
-    def wait_for_events(self) -> None:
+    def wait_for_events(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for a signal, a wake-up or a child's message, and read the
+        messages; True if messages were all there was."""
         links = {c.link.fileno(): c for c in self.children.values() if not c.link.closed}
         # poll(), not select(): the supervisor's descriptors may go past 1023 (FD_SETSIZE)
         # now that its open-files limit is raised.
@@ -154,9 +169,9 @@ class Arbiter(Reloading, Shutdown):
         for fd in (self._wake_r, *links):
             poller.register(fd, select.POLLIN)
         try:
-            ready = poller.poll(self.next_deadline() * 1000)
+            ready = poller.poll(timeout * 1000)
         except InterruptedError:
-            return
+            return False
         for fd, _ in ready:
             if fd == self._wake_r:
                 try:
@@ -165,6 +180,7 @@ class Arbiter(Reloading, Shutdown):
                     pass
             elif fd in links:
                 self.links.read(links[fd])
+        return bool(ready) and all(fd != self._wake_r for fd, _ in ready)
 
     def on_cancelled(self, task_id: str) -> None:
         """The database shows this task CANCELLED (called from the listener or the lease
@@ -357,16 +373,21 @@ class Arbiter(Reloading, Shutdown):
 
     def settle_claims(self, child: Child, how: str) -> None:
         """The claims a dead child held, handed to the lease keeper's thread, each settled by
-        what the child said of it: a run whose handler succeeded is completed; the run it was
+        what the child wrote of it on its claim board: a run whose handler succeeded is
+        completed; the run it was
         in counts as a failed attempt at once (no waiting for the lease to expire), unless we
         stopped it on purpose (a shutdown): then it is released; a claim it never started
         goes back without spending a retry."""
         held = self.keeper.drop_holder(child)
+        state = child.board.states() if child.board is not None else {}
+        if child.board is not None:
+            child.board.close()
+            child.board = None
         if not held:
             return
-        state = {token: claim.state for token, claim in child.claims.items()}
         finished = [h for h in held if state.get(h.token) == FINISHED]
         running = [h for h in held if state.get(h.token) == STARTED]
+        # Not written yet (the child died between its claim and the board), or never started.
         waiting = [h for h in held if state.get(h.token, CLAIMED) == CLAIMED]
         self.keeper.settle("complete", finished, "completed")
         self.keeper.settle("release", waiting, "release")

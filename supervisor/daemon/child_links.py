@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from .children import FINISHED, STARTED, Child, ClaimState
+from .children import Child
 from ..logs import emit
 from .run_policies import RunPolicies
 from .services import Services
@@ -39,15 +39,11 @@ class ChildLinks:
 
     def on_message(self, child: Child, message: dict) -> None:
         kind = message.get("kind")
-        # Finished and settled claims ride on the next message, whatever its kind.
-        self.on_finished(child, message.get("finished") or ())
+        # Settled claims ride on the next message, whatever its kind.
         self.on_settled(child, message.get("done") or message.get("tokens") or ())
         if kind == "claimed":
             self.on_claimed(child, message["claims"])
         elif kind == "started":
-            claim = child.claims.get(int(message["token"]))
-            if claim is not None:
-                claim.state = STARTED
             self.run_policies.started(child, message)
         elif kind == "stopping":
             if message.get("reason") == "recycle" and not child.stopping:
@@ -66,12 +62,6 @@ class ChildLinks:
             child.boot_error = str(message.get("error"))
         elif kind == "waiting_db":
             child.waiting_db = True
-
-    def on_finished(self, child: Child, tokens) -> None:
-        for token in tokens:
-            claim = child.claims.get(int(token))
-            if claim is not None:
-                claim.state = FINISHED
 
     def on_settled(self, child: Child, tokens) -> None:
         if not tokens:
@@ -95,7 +85,7 @@ class ChildLinks:
         held = []
         for task_id, token, task_type in claims:
             token = int(token)
-            child.claims[token] = ClaimState(str(task_id))
+            child.claims[token] = str(task_id)
             held.append(Held(str(task_id), token, str(task_type), child.worker_id or "",
                              child.pool, holder=child, lease_seconds=lease.seconds,
                              renew_interval=lease.renew_interval))

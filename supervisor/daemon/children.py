@@ -23,6 +23,7 @@ from typing import Sequence
 
 from . import systemd
 from ..channel import Link, socket_pair
+from ..claim_board import ClaimBoard
 from ..config import CONFIG_SNAPSHOT_ENV, DSN_ENV, Config
 from ..logs import emit
 
@@ -42,19 +43,6 @@ FUSE_WINDOW = 60.0
 _PROGRESSING = frozenset("RSDIWP")
 
 
-# What a child said of each claim it holds: taken, its handler started, its handler
-# succeeded (the completion not written yet). A settled claim is dropped.
-CLAIMED, STARTED, FINISHED = "claimed", "started", "finished"
-
-
-@dataclass(eq=False)
-class ClaimState:
-    """One claim of a child, as the child's own messages describe it: never guessed, so that
-    a child's death charges an attempt to exactly the runs it was in."""
-    task_id: str
-    state: str = CLAIMED
-
-
 @dataclass(eq=False)
 class Child:
     process: subprocess.Popen
@@ -69,9 +57,11 @@ class Child:
     started: float = field(default_factory=time.monotonic)
     booted: bool = False
     worker_id: str | None = None
-    # token -> what the child said of every claim it holds (the lease keeper holds the claims
-    # themselves, for renewal).
-    claims: dict[int, ClaimState] = field(default_factory=dict)
+    # token -> task id of every claim it holds (the lease keeper holds the claims themselves,
+    # for renewal).
+    claims: dict[int, str] = field(default_factory=dict)
+    # What the child wrote of each claim's state, read when it is gone (claim_board.py).
+    board: ClaimBoard | None = None
     stopping: str | None = None  # why it was asked to stop: "shrink", "reload", "shutdown"
     kill_at: float | None = None  # when a stopping child gets SIGKILL (None: never)
     stop_grace: float | None = None  # the grace it was given when asked to stop
@@ -95,13 +85,14 @@ class Child:
         return f"{self.pool}#{self.slot}"
 
     def task_in_hand(self) -> str | None:
-        """The task it runs, else the first it holds (for logs)."""
-        ids = [c.task_id for c in self.claims.values() if c.state == STARTED]
-        return ids[0] if ids else next((c.task_id for c in self.claims.values()), None)
+        """The task it runs (when its type is watched), else the first it holds (for logs)."""
+        if self.running is not None:
+            return self.running.task_id
+        return next(iter(self.claims.values()), None)
 
     def holding(self, task_id: str) -> int | None:
         """The token under which it holds this task, if it does."""
-        return next((t for t, c in self.claims.items() if c.task_id == task_id), None)
+        return next((t for t, held in self.claims.items() if held == task_id), None)
 
     def handles(self, task_types: Sequence[str] | None) -> bool:
         return task_types is None or not self.task_types.isdisjoint(task_types)
@@ -130,10 +121,11 @@ class Child:
         self.link.send("wake")
 
 
-def child_command(pool: str, slot: int, channel_fd: int, config: Config) -> list[str]:
+def child_command(pool: str, slot: int, channel_fd: int, board_fd: int,
+                  config: Config) -> list[str]:
     command = [sys.executable, "-m", "supervisor.worker.main", "--pool", pool,
                "--slot", str(slot), "--channel-fd", str(channel_fd),
-               "--supervisor-pid", str(os.getpid())]
+               "--claims-fd", str(board_fd), "--supervisor-pid", str(os.getpid())]
     if config.path:
         command += ["-c", str(config.path)]
     return command
@@ -154,15 +146,23 @@ def child_environment(config: Config, *, dsn: str, metrics_dir: str) -> dict[str
 def spawn_child(config: Config, pool: str, slot: int, generation: int, *, dsn: str,
                 metrics_dir: str) -> Child | None:
     """Start one worker child, or log why it could not be started and return None."""
+    pool_config = next((p for p in config.pools if p.name == pool), None)
     try:
         parent_end, child_end = socket_pair()
     except OSError as exc:
         emit("worker_spawn_failed", logging.ERROR, pool=pool, slot=slot, error=str(exc))
         return None
     try:
+        board = ClaimBoard.create(pool_config.batch_size if pool_config else 1)
+    except OSError as exc:
+        parent_end.close()
+        child_end.close()
+        emit("worker_spawn_failed", logging.ERROR, pool=pool, slot=slot, error=str(exc))
+        return None
+    try:
         process = subprocess.Popen(
-            child_command(pool, slot, child_end.fileno(), config),
-            pass_fds=(child_end.fileno(),),
+            child_command(pool, slot, child_end.fileno(), board.fd, config),
+            pass_fds=(child_end.fileno(), board.fd),
             env=child_environment(config, dsn=dsn, metrics_dir=metrics_dir),
             stdin=subprocess.DEVNULL, close_fds=True,
             # A process group per child: killing a child kills what its handler started
@@ -170,14 +170,14 @@ def spawn_child(config: Config, pool: str, slot: int, generation: int, *, dsn: s
             start_new_session=True)
     except (OSError, subprocess.SubprocessError) as exc:
         parent_end.close()
+        board.close()
         emit("worker_spawn_failed", logging.ERROR, pool=pool, slot=slot, error=str(exc))
         return None
     finally:
         child_end.close()
-    pool_config = next((p for p in config.pools if p.name == pool), None)
     types = frozenset(pool_config.task_types) if pool_config else frozenset()
     child = Child(process, pool, slot, generation, Link(parent_end, blocking=False), types,
-                  config=config)
+                  config=config, board=board)
     emit("worker_spawned", pool=pool, slot=slot, child_pid=process.pid, generation=generation)
     return child
 

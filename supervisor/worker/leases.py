@@ -18,6 +18,7 @@ import time
 from typing import Protocol, Sequence
 
 from ..channel import Link
+from ..claim_board import FINISHED, STARTED, ClaimBoard, NoBoard
 from ..config import Config
 from ..lease_keeper import Held, LeaseKeeper
 from .task import Task
@@ -36,14 +37,12 @@ class LeaseHolder(Protocol):
     def drop(self, tokens: Sequence[int]) -> None:
         """These claims are settled: stop renewing them."""
 
-    def started(self, task: Task, token: int) -> None:
-        """The handler of this claim starts now."""
+    def started(self, task: Task, token: int, *, watched: bool) -> None:
+        """The handler of this claim starts now; ``watched``: its type has a timeout or
+        cancel: kill, which the supervisor enforces."""
 
     def finished(self, token: int) -> None:
         """This claim's handler succeeded; its completion is not written yet."""
-
-    def announce(self) -> None:
-        """Say which claims finished before their completions are written."""
 
     def idle(self, since: float) -> None:
         """Nothing was due at ``since``; the worker now waits for a wake-up or a poll."""
@@ -72,12 +71,16 @@ class SupervisedLeases:
     keeper sees the owner's token on the finished row and forgets the claim).
     """
 
-    def __init__(self, link: Link, worker: WorkerHooks, *, pool_name: str):
+    def __init__(self, link: Link, worker: WorkerHooks, *, pool_name: str,
+                 board: ClaimBoard | NoBoard | None = None):
         self.link = link
         self.worker = worker
         self.pool_name = pool_name
+        # Where each claim's state is written for the supervisor to read if this child dies;
+        # slot i holds the i-th claim of the current batch.
+        self.board = board or NoBoard()
+        self._slots: dict[int, int] = {}
         self._settled: list[int] = []
-        self._finished: list[int] = []
         self._settled_lock = threading.Lock()  # the loop and its batch guard both report
         self._read_lock = threading.Lock()
         # The inbox thread reads only while the worker is busy: an idle worker waits on the
@@ -101,21 +104,20 @@ class SupervisedLeases:
 
     def hold(self, tasks: Sequence[Task], tokens: Sequence[int]) -> bool:
         claims = [[task.id, token, task.task_type] for task, token in zip(tasks, tokens)]
-        return self.link.send("claimed", claims=claims, done=self._take_settled())
+        if not self.link.send("claimed", claims=claims, done=self._take_settled()):
+            return False
+        self._slots = {token: slot for slot, token in enumerate(tokens)}
+        self.board.claimed(list(tokens))
+        return True
 
-    def started(self, task: Task, token: int) -> None:
-        self.link.send("started", token=token, task_id=task.id, task_type=task.task_type,
-                       at=time.monotonic(), finished=self._take_finished(),
-                       done=self._take_settled())
+    def started(self, task: Task, token: int, *, watched: bool) -> None:
+        self.board.mark(self._slots.get(token, -1), token, STARTED)
+        if watched:
+            self.link.send("started", token=token, task_id=task.id, task_type=task.task_type,
+                           at=time.monotonic())
 
     def finished(self, token: int) -> None:
-        with self._settled_lock:
-            self._finished.append(token)
-
-    def announce(self) -> None:
-        finished = self._take_finished()
-        if finished:
-            self.link.send("finished", tokens=finished)
+        self.board.mark(self._slots.get(token, -1), token, FINISHED)
 
     def drop(self, tokens: Sequence[int]) -> None:
         with self._settled_lock:
@@ -128,11 +130,6 @@ class SupervisedLeases:
         with self._settled_lock:
             settled, self._settled = self._settled, []
         return settled
-
-    def _take_finished(self) -> list[int]:
-        with self._settled_lock:
-            finished, self._finished = self._finished, []
-        return finished
 
     def wait(self, timeout: float, woken: threading.Event) -> None:
         fd = self.link.fileno()
@@ -236,14 +233,11 @@ class LocalLeases:
     def drop(self, tokens: Sequence[int]) -> None:
         self.keeper.drop(tokens)
 
-    def started(self, task: Task, token: int) -> None:
+    def started(self, task: Task, token: int, *, watched: bool) -> None:
         pass  # no supervisor: timeouts and cancel-kills are not enforced (pgtaskd worker)
 
     def finished(self, token: int) -> None:
         pass  # the keeper of this process dies with it: nobody settles for a dead worker
-
-    def announce(self) -> None:
-        pass
 
     def idle(self, since: float) -> None:
         pass

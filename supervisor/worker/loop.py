@@ -243,8 +243,6 @@ class Worker(BatchRunning, Settling):
         if not self.task_types or self.stop_event.is_set():
             self._write_completions(done)
             return []
-        if done:
-            self.leases.announce()
         # The database starts each lease at its now(), which is no earlier than this.
         claimed_at = time.monotonic()
         try:
@@ -304,8 +302,9 @@ class Worker(BatchRunning, Settling):
         self.on_title(f"running {task.id}")
         # Before the handler can do anything: a child that dies from here on is charged an
         # attempt for this claim, and only for this one (its batch's waiting claims go back
-        # free), and the supervisor times the run if its type has a timeout.
-        self.leases.started(task, token)
+        # free); the supervisor also times the run of a type with a timeout or cancel: kill.
+        self.leases.started(task, token,
+                            watched=self.config.handlers.policy(task.task_type).watched)
         meter_start = self.meter.start()
         started = time.monotonic()
         error: BaseException | None = None
@@ -335,8 +334,8 @@ class Worker(BatchRunning, Settling):
             # the token condition decides, and a lost claim drops the result as stale.
             with self._batch:
                 self._done.append(Done(claim, task, fields, duration, usage))
-            # Said with the next message, and before its completion is written: should this
-            # child die first, the supervisor writes the completion instead of charging it.
+            # Should this child die before the completion is written, the supervisor writes
+            # it instead of charging the run.
             self.leases.finished(token)
             return
         if isinstance(error, TaskCancelled) and not isinstance(error, TaskTimedOut):

@@ -2,7 +2,8 @@
 
 The supervisor starts each child as a fresh interpreter (never a bare fork of its threaded
 self), passes the DSN in the environment (never on the command line, where ``ps`` shows it)
-and talks with the child over the socket named by ``--channel-fd`` (supervisor/channel.py).
+and talks with the child over the socket named by ``--channel-fd`` (supervisor/channel.py);
+it writes its claims' states on the board named by ``--claims-fd`` (supervisor/claim_board.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Callable
 
 from .. import proctitle
 from ..channel import Link
+from ..claim_board import ClaimBoard
 from ..config import CONFIG_SNAPSHOT_ENV, DSN_ENV, load_config
 from ..db.connect import connect
 from ..errors import EXIT_BOOT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, OperationalError
@@ -40,6 +42,8 @@ def parse_args(argv=None):
     parser.add_argument("-c", "--config", help="config file (default: $PGTASKD_CONFIG)")
     parser.add_argument("--pool", default="default", help="the pool this child belongs to")
     parser.add_argument("--slot", type=int, default=1, help="this child's number in its pool")
+    parser.add_argument("--claims-fd", type=int, default=None,
+                        help="the supervisor's claim board for this child (a memfd)")
     parser.add_argument("--channel-fd", type=int, default=None,
                         help="file descriptor of the pipe to the supervisor")
     parser.add_argument("--supervisor-pid", type=int, default=None,
@@ -48,7 +52,8 @@ def parse_args(argv=None):
 
 
 def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: Link,
-               stop_event: threading.Event, on_worker=lambda worker: None) -> int:
+               stop_event: threading.Event, on_worker=lambda worker: None,
+               board_fd: int | None = None) -> int:
     """Boot (handlers, database), report it, then loop until stopped. Returns an exit code."""
     pool_config = next((p for p in config.pools if p.name == pool_name), None)
     if pool_config is None:
@@ -74,8 +79,9 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: Link,
         pool.open(wait=True, timeout=max(config.database.connect_timeout, 1.0))
         # Under a supervisor, it renews the leases; on its own (pgtaskd worker), a keeper
         # thread of this process does.
+        board = None if board_fd is None else ClaimBoard(board_fd, pool_config.batch_size)
         supervised = None if channel.closed else \
-            (lambda w: SupervisedLeases(channel, w, pool_name=pool_name))
+            (lambda w: SupervisedLeases(channel, w, pool_name=pool_name, board=board))
         worker = Worker(config, pool=pool, handlers=handlers, worker_id=worker_id,
                         pool_name=pool_name, batch_size=pool_config.batch_size, leases=supervised,
                         handler_dsn=dsn, owns_process=True,
@@ -206,7 +212,7 @@ def main(argv=None) -> int:
         return EXIT_BOOT_FAILED
     channel = Link.from_fd(args.channel_fd)
     return run_worker(config, pool_name=args.pool, slot=args.slot, dsn=dsn, channel=channel,
-                      stop_event=stop_event, on_worker=workers.append)
+                      stop_event=stop_event, on_worker=workers.append, board_fd=args.claims_fd)
 
 
 if __name__ == "__main__":

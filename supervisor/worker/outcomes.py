@@ -92,7 +92,6 @@ class Settling:
     def _write_completions(self, done: list[Done]) -> None:
         if not done:
             return
-        self.leases.announce()
         landed = self._finalize(lambda conn: store.complete_tasks(conn, [d.claim for d in done],
                                                                   [d.usage for d in done]),
                                 done[0].claim, {**done[0].fields, "tasks": len(done)})
