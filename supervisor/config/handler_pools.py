@@ -27,8 +27,7 @@ def parse_handlers(v: Validator, tree: Mapping) -> HandlersConfig:
     else:
         for task_type, spec in types_tree.items():
             where = f"handlers.types.{shown_key(task_type)}"
-            if not isinstance(task_type, str) or not task_type:
-                v.problem(where, "a task type must be a non-empty string")
+            if not v.task_type(where, task_type):
                 continue
             if isinstance(spec, dict):
                 spec, policy = _parse_handler_mapping(v, spec, where)
@@ -89,7 +88,9 @@ def parse_pools(v: Validator, tree: Mapping, handlers: HandlersConfig) -> tuple[
             v.problem(f"{where}.task_types", "must be a list of task type names")
             chosen = ()
         else:
-            for t in task_types:
+            for i, t in enumerate(task_types):
+                if not v.task_type(f"{where}.task_types[{i}]", t):
+                    continue
                 if t not in handlers.types:
                     v.problem(f"{where}.task_types",
                               f"{quote(t)} has no handler under handlers.types")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError, quote
-from ..task_fields import DEFAULT_MAX_PAYLOAD_BYTES, MAX_TASK_TYPE_LENGTH
+from ..task_fields import DEFAULT_MAX_PAYLOAD_BYTES
 from .defaults import (CONFIG_ENV, DEFAULT_DATA_DIR, DEFAULT_HEALTH_INTERVAL,
                        DEFAULT_LEASE_SECONDS, DEFAULT_MAX_PENDING_AGE, DEFAULT_METRICS_LISTEN,
                        DEFAULT_METRICS_MAX_CONNECTIONS, DEFAULT_METRICS_REQUEST_TIMEOUT,
@@ -178,10 +178,7 @@ def _parse_limits(v: Validator, tree: Mapping) -> dict[str, int]:
     limits = {}
     for task_type, value in raw.items():
         where = f"limits.{shown_key(task_type)}"
-        if not isinstance(task_type, str) or not task_type.strip() or \
-                len(task_type) > MAX_TASK_TYPE_LENGTH or not task_type.isprintable():
-            v.problem(where, f"a task type must be a non-empty printable string of at most "
-                             f"{MAX_TASK_TYPE_LENGTH} characters")
+        if not v.task_type(where, task_type):
             continue
         if isinstance(value, bool) or not isinstance(value, int):
             v.problem(where, f"must be a whole number of tasks, got {type_name(value)} "

@@ -310,7 +310,7 @@ def test_a_snapshot_over_the_size_limit_is_refused(tmp_path):
     ({"reaper": {"batch_size": {str(i): "v" * 100 for i in range(2_000)}}}, "reaper.batch_size"),
     ({"metrics": {"listen": "h" * 20_000}}, "metrics.listen"),
     ({"pools": {"p": {"task_types": ["t" * 20_000]}}, "handlers": {"types": {}}},
-     "pools.p.task_types"),
+     "pools.p.task_types[0]"),
     ({"database": {"listen": ["y"] * 5_000}}, "database.listen"),
 ])
 def test_a_problem_quotes_only_a_short_prefix_of_a_huge_value(tree, key_path):
