@@ -8,7 +8,8 @@ import re
 from typing import Any, Mapping
 
 from ..errors import quote
-from .defaults import CANCEL_MODES, DEFAULT_HANDLERS_PATH, MAX_BATCH_SIZE, MAX_PROCESSES
+from .defaults import (CANCEL_MODES, DEFAULT_HANDLERS_PATH, MAX_BATCH_SIZE, MAX_PROCESSES,
+                       MIN_TIMEOUT)
 from .model import DEFAULT_POLICY, HandlersConfig, PoolConfig, RunPolicy
 from .validator import Validator, shown_key, type_name
 
@@ -50,7 +51,8 @@ def _parse_handler_mapping(v: Validator, spec: dict, where: str) -> tuple[Any, R
         v.problem(f"{where}.cancel", f"must be one of {', '.join(CANCEL_MODES)}, "
                                      f"got {quote(cancel)}")
         cancel = "cooperative"
-    policy = RunPolicy(timeout=v.number(spec, "timeout", where, None), cancel=cancel)
+    policy = RunPolicy(timeout=v.number(spec, "timeout", where, None, minimum=MIN_TIMEOUT,
+                                        strict=False), cancel=cancel)
     return spec.get("handler"), policy
 
 

@@ -23,7 +23,9 @@ from .defaults import (CONFIG_ENV, DEFAULT_DATA_DIR, DEFAULT_HEALTH_INTERVAL,
                        DEFAULT_RETENTION_COMPLETED, DEFAULT_RETENTION_FAILED,
                        DEFAULT_RETENTION_INTERVAL, DEFAULT_RETRY_BASE_DELAY, DEFAULT_RETRY_JITTER,
                        DEFAULT_RETRY_MAX_DELAY, DEFAULT_SHUTDOWN_TIMEOUT, DSN_ENV, MAX_LIMIT,
-                       MAX_METRICS_CONNECTIONS, MAX_PAYLOAD_LIMIT, MAX_RETENTION_BATCH_SIZE)
+                       MAX_METRICS_CONNECTIONS, MAX_PAYLOAD_LIMIT, MAX_RETENTION_BATCH_SIZE,
+                       MIN_LEASE_SECONDS, MIN_PASS_INTERVAL, MIN_PENDING_AGE, MIN_POLL_INTERVAL,
+                       MIN_RENEW_INTERVAL, MIN_TIMEOUT)
 from .model import (Config, DatabaseConfig, HealthConfig, LeaseConfig, MetricsConfig,
                     ReaperConfig, RetentionConfig, RetryConfig)
 from .handler_pools import parse_handlers, parse_pools
@@ -51,13 +53,15 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     database = _parse_database(v, tree, env)
 
     lease_tree = v.section(tree, "lease", "", {"seconds", "renew_interval"})
-    seconds = v.number(lease_tree, "seconds", "lease", DEFAULT_LEASE_SECONDS)
+    seconds = v.number(lease_tree, "seconds", "lease", DEFAULT_LEASE_SECONDS,
+                       minimum=MIN_LEASE_SECONDS, strict=False)
     # Unset, the renewal follows the lease: a third of it (10 s for the default 30 s), so
     # that shortening only lease.seconds never trips the check below.
     lease = LeaseConfig(
         seconds=seconds,
         renew_interval=v.number(lease_tree, "renew_interval", "lease",
-                                seconds * DEFAULT_RENEW_INTERVAL / DEFAULT_LEASE_SECONDS),
+                                seconds * DEFAULT_RENEW_INTERVAL / DEFAULT_LEASE_SECONDS,
+                                minimum=MIN_RENEW_INTERVAL, strict=False),
     )
     if lease.renew_interval >= lease.seconds:
         v.problem("lease.renew_interval",
@@ -99,22 +103,27 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
         path=path,
         database=database,
         lease=lease,
-        poll_interval=v.number(tree, "poll_interval", "", DEFAULT_POLL_INTERVAL, maximum=3600),
+        poll_interval=v.number(tree, "poll_interval", "", DEFAULT_POLL_INTERVAL, maximum=3600,
+                               minimum=MIN_POLL_INTERVAL, strict=False),
         retry=retry,
         handlers=handlers,
         pools=pools,
         shutdown_timeout=v.number(tree, "shutdown_timeout", "", DEFAULT_SHUTDOWN_TIMEOUT,
                                   strict=False),
-        reload_timeout=v.number(tree, "reload_timeout", "", None),
+        reload_timeout=v.number(tree, "reload_timeout", "", None, minimum=MIN_TIMEOUT,
+                                strict=False),
         reaper=ReaperConfig(
-            interval=v.number(reaper_tree, "interval", "reaper", DEFAULT_REAPER_INTERVAL),
+            interval=v.number(reaper_tree, "interval", "reaper", DEFAULT_REAPER_INTERVAL,
+                              minimum=MIN_PASS_INTERVAL, strict=False),
             batch_size=v.integer(reaper_tree, "batch_size", "reaper", 100, minimum=1,
                                  maximum=100_000),
         ),
         health=HealthConfig(
-            interval=v.number(health_tree, "interval", "health", DEFAULT_HEALTH_INTERVAL),
+            interval=v.number(health_tree, "interval", "health", DEFAULT_HEALTH_INTERVAL,
+                              minimum=MIN_PASS_INTERVAL, strict=False),
             max_pending_age=v.number(health_tree, "max_pending_age", "health",
-                                     DEFAULT_MAX_PENDING_AGE),
+                                     DEFAULT_MAX_PENDING_AGE, minimum=MIN_PENDING_AGE,
+                                     strict=False),
         ),
         retention=retention,
         metrics=MetricsConfig(
@@ -123,7 +132,8 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
                                       DEFAULT_METRICS_MAX_CONNECTIONS, minimum=1,
                                       maximum=MAX_METRICS_CONNECTIONS),
             request_timeout=v.number(metrics_tree, "request_timeout", "metrics",
-                                     DEFAULT_METRICS_REQUEST_TIMEOUT, maximum=300),
+                                     DEFAULT_METRICS_REQUEST_TIMEOUT, maximum=300,
+                                     minimum=MIN_TIMEOUT, strict=False),
         ),
         max_payload_bytes=max_payload_bytes,
         schedules=schedules,
@@ -142,7 +152,8 @@ def _parse_retention(v: Validator, tree: Mapping) -> RetentionConfig:
         completed=v.retention(section, "completed", "retention", DEFAULT_RETENTION_COMPLETED),
         failed=v.retention(section, "failed", "retention", DEFAULT_RETENTION_FAILED),
         cancelled=v.retention(section, "cancelled", "retention", DEFAULT_RETENTION_CANCELLED),
-        interval=v.number(section, "interval", "retention", DEFAULT_RETENTION_INTERVAL),
+        interval=v.number(section, "interval", "retention", DEFAULT_RETENTION_INTERVAL,
+                          minimum=MIN_PASS_INTERVAL, strict=False),
         batch_size=v.integer(section, "batch_size", "retention", DEFAULT_RETENTION_BATCH_SIZE,
                              minimum=1, maximum=MAX_RETENTION_BATCH_SIZE),
     )
@@ -158,7 +169,8 @@ def _parse_database(v: Validator, tree: Mapping, env: Mapping[str, str]) -> Data
     return DatabaseConfig(
         dsn=dsn,
         data_dir=v.directory(db, "data_dir", "database", DEFAULT_DATA_DIR),
-        connect_timeout=v.number(db, "connect_timeout", "database", 5.0, maximum=300),
+        connect_timeout=v.number(db, "connect_timeout", "database", 5.0, maximum=300,
+                                 minimum=MIN_TIMEOUT, strict=False),
         listen=v.boolean(db, "listen", "database", True),
         listen_dsn=v.dsn("database.listen_dsn",
                          v.string(db, "listen_dsn", "database", None) or None),

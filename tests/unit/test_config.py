@@ -394,3 +394,32 @@ def test_a_folder_no_file_name_can_hold_is_a_problem(key_path, tree):
 def test_a_folder_behind_a_symlink_loop_is_a_problem(tmp_path, key_path, tree):
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     assert "Symlink loop" in problem_for(problems_of(tree, base_dir=tmp_path), key_path)
+
+
+# -- floors on durations --------------------------------------------------------------------
+
+@pytest.mark.parametrize("key_path, floor", [
+    ("lease.seconds", 1), ("lease.renew_interval", 0.1), ("poll_interval", 0.01),
+    ("reaper.interval", 0.1), ("health.interval", 0.1), ("health.max_pending_age", 1),
+    ("retention.interval", 0.1), ("database.connect_timeout", 0.1),
+    ("metrics.request_timeout", 0.1), ("reload_timeout", 0.1),
+    ("handlers.types.echo.timeout", 0.1),
+])
+def test_a_duration_below_its_floor_is_one_problem_naming_the_floor(key_path, floor):
+    """1e-9 s between polls or reaper passes burns a core on an idle daemon; a lease of a
+    millisecond fails a task before it runs."""
+    def tree_with(value):
+        *sections, key = key_path.split(".")
+        tree = {"handlers": {"types": {"echo": {"handler": "basic:echo"}}}}
+        node = tree
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[key] = value
+        if key_path == "lease.seconds":
+            tree["lease"]["renew_interval"] = 0.1
+        return tree
+
+    problem = problem_for(problems_of(tree_with(floor * 0.999)), key_path)
+    assert f"at least {floor:g}" in problem, problem
+    assert problem_for(problems_of(tree_with(1e-9)), key_path)
+    parse(tree_with(floor))
