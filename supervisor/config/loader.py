@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError, quote
+from ..lease_timing import renewal_problem
 from ..task_fields import DEFAULT_MAX_PAYLOAD_BYTES
 from .defaults import (CONFIG_ENV, DEFAULT_DATA_DIR, DEFAULT_HEALTH_INTERVAL,
                        DEFAULT_LEASE_SECONDS, DEFAULT_MAX_PENDING_AGE, DEFAULT_METRICS_LISTEN,
@@ -53,6 +54,7 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     database = _parse_database(v, tree, env)
 
     lease_tree = v.section(tree, "lease", "", {"seconds", "renew_interval"})
+    before_lease = len(v.problems)
     seconds = v.number(lease_tree, "seconds", "lease", DEFAULT_LEASE_SECONDS,
                        minimum=MIN_LEASE_SECONDS, strict=False)
     # Unset, the renewal follows the lease: a third of it (10 s for the default 30 s), so
@@ -63,10 +65,9 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
                                 seconds * DEFAULT_RENEW_INTERVAL / DEFAULT_LEASE_SECONDS,
                                 minimum=MIN_RENEW_INTERVAL, strict=False),
     )
-    if lease.renew_interval >= lease.seconds:
-        v.problem("lease.renew_interval",
-                  f"must be shorter than lease.seconds ({lease.renew_interval:g} >= {lease.seconds:g}),"
-                  " or the lease lapses between renewals")
+    renewal = renewal_problem(lease.seconds, lease.renew_interval)
+    if renewal and len(v.problems) == before_lease:  # not a default standing in for a typo
+        v.problem("lease.renew_interval", renewal)
 
     retry_tree = v.section(tree, "retry", "", {"base_delay", "max_delay", "jitter"})
     retry = RetryConfig(

@@ -112,11 +112,22 @@ def test_every_problem_is_reported_at_once():
         problem_for(problems, key_path)
 
 
-@pytest.mark.parametrize("renew_interval", [30, 45])
-def test_a_renew_interval_not_below_the_lease_is_rejected(renew_interval):
-    problem = problem_for(problems_of({"lease": {"seconds": 30, "renew_interval": renew_interval}}),
-                          "lease.renew_interval")
-    assert "shorter than lease.seconds" in problem
+@pytest.mark.parametrize("seconds, renew_interval", [(4, 3.9), (4, 3.1), (30, 28.5), (1, 0.8),
+                                                     (30, 30), (30, 45)])
+def test_a_renewal_that_cannot_land_before_the_workers_margin_is_refused(seconds,
+                                                                        renew_interval):
+    """Lease 4 / renew 3.9: the worker stops trusting its lease at 3.8 s, before the first
+    renewal is even sent, so every task longer than that failed with no fault anywhere."""
+    problems = problems_of({"lease": {"seconds": seconds, "renew_interval": renew_interval}})
+    assert len(problems) == 1, problems
+    problem = problem_for(problems, "lease.renew_interval")
+    assert "lease.seconds" in problem and "one retry" in problem, problem
+
+
+@pytest.mark.parametrize("seconds, renew_interval", [(4, 2.9), (30, 10), (1.5, 0.3), (2, 1.4),
+                                                     (1, 0.1), (1, 0.7)])
+def test_a_renewal_with_time_for_one_retry_is_accepted(seconds, renew_interval):
+    parse({"lease": {"seconds": seconds, "renew_interval": renew_interval}})
 
 
 @pytest.mark.parametrize("seconds", [0, -5])
