@@ -76,6 +76,9 @@ def test_a_schedules_task_id_names_the_instant_in_utc_to_the_second():
      "schedules.s.payload", "max_payload_bytes"),
     ({"cron": "@daily", "task_type": "echo", "every": "day"}, "schedules.s.every",
      "unknown key"),
+    # Every instant in New York's skipped hour: the scheduler would find no next run, ever.
+    ({"cron": "* 2 * 3 0#2", "task_type": "echo", "timezone": "America/New_York"},
+     "schedules.s.cron", "no instant in the next 50 years in America/New_York"),
 ])
 def test_a_bad_schedule_is_one_problem_naming_its_key_path(schedule, key_path, fragment):
     problem = problem_for(problems_of(with_schedules({"s": schedule}, max_payload_bytes=2048)),
