@@ -8,6 +8,7 @@ same whatever the daemon's working directory is.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -89,12 +90,8 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     retention = _parse_retention(v, tree)
     metrics_tree = v.section(tree, "metrics", "", {"listen", "max_connections",
                                                    "request_timeout"})
-    listen = v.string(metrics_tree, "listen", "metrics", DEFAULT_METRICS_LISTEN) or ""
-    if listen and not re.match(r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$", listen):
-        v.problem("metrics.listen",
-                  f"must be host:port (like 127.0.0.1:9464), got {quote(listen)}")
-    elif listen and not 0 <= int(listen.rpartition(":")[2]) <= 65535:
-        v.problem("metrics.listen", f"port must be 0 to 65535, got {quote(listen)}")
+    listen = _parse_listen(v, v.string(metrics_tree, "listen", "metrics",
+                                       DEFAULT_METRICS_LISTEN) or "")
 
     max_payload_bytes = v.integer(tree, "max_payload_bytes", "", DEFAULT_MAX_PAYLOAD_BYTES,
                                   minimum=2, maximum=MAX_PAYLOAD_LIMIT)
@@ -144,6 +141,38 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     if v.problems:
         raise ConfigError(v.problems)
     return config
+
+
+def _parse_listen(v: Validator, listen: str) -> str:
+    """``address:port`` of the metrics endpoint, or "" (off).
+
+    The address must be an IP literal. A host name would be resolved when the daemon binds,
+    by whatever DNS says then: check-config could not tell whether the endpoint, which has no
+    authentication, is reachable from other hosts, and a lookup that fails or changes would
+    fail a start or a reload. Port 0 would bind a port chosen at random that no scraper finds.
+    """
+    if not listen:
+        return ""
+    match = re.match(r"^(?:\[([^\]]*)\]|([^:\s\[\]]+)):(\d{1,5})$", listen)
+    if not match:
+        v.problem("metrics.listen",
+                  f"must be address:port (like 127.0.0.1:9464 or [::1]:9464), got {quote(listen)}")
+        return DEFAULT_METRICS_LISTEN
+    literal, port = match.group(1) or match.group(2), int(match.group(3))
+    version = 6 if match.group(1) is not None else 4
+    try:
+        address = ipaddress.ip_address(literal)
+    except ValueError:
+        address = None
+    if address is None or address.version != version:
+        v.problem("metrics.listen",
+                  f"must be an IP address (like 127.0.0.1 or [::1]), not a host name, which "
+                  f"would be resolved only at bind time, got {quote(listen)}")
+        return DEFAULT_METRICS_LISTEN
+    if not 1 <= port <= 65535:
+        v.problem("metrics.listen", f"port must be from 1 to 65535, got {quote(listen)}")
+        return DEFAULT_METRICS_LISTEN
+    return listen
 
 
 def _parse_retention(v: Validator, tree: Mapping) -> RetentionConfig:

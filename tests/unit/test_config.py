@@ -434,3 +434,42 @@ def test_a_duration_below_its_floor_is_one_problem_naming_the_floor(key_path, fl
     assert f"at least {floor:g}" in problem, problem
     assert problem_for(problems_of(tree_with(1e-9)), key_path)
     parse(tree_with(floor))
+
+
+# -- metrics.listen -------------------------------------------------------------------------
+
+@pytest.fixture
+def no_dns(monkeypatch):
+    """Reading metrics.listen must not resolve a name: a lookup here fails the test."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a name was resolved: {args}")
+    for name in ("getaddrinfo", "gethostbyname", "gethostbyname_ex"):
+        monkeypatch.setattr(socket, name, refuse)
+
+
+@pytest.mark.parametrize("listen, warned", [
+    ("127.0.0.1:9464", False), ("127.0.0.2:9464", False), ("[::1]:9464", False),
+    ("0.0.0.0:9464", True), ("[::]:9464", True), ("192.168.1.5:9464", True),
+])
+def test_a_bind_address_off_loopback_is_allowed_with_a_warning(no_dns, listen, warned):
+    """The endpoint has no authentication: whoever can reach it reads the queue's state."""
+    config = parse({"metrics": {"listen": listen}})
+    warnings = [w for w in config.warnings() if w.startswith("metrics.listen:")]
+    assert len(warnings) == warned, config.warnings()
+    if warned:
+        assert "not a loopback address" in warnings[0] and "authentication" in warnings[0]
+
+
+@pytest.mark.parametrize("listen, fragment", [
+    ("127.0.0.1:0", "port must be from 1 to 65535"),
+    ("127.0.0.1:65536", "port must be from 1 to 65535"),
+    ("localhost:9464", "an IP address"),
+    ("metrics.example.com:9464", "an IP address"),
+    ("300.1.1.1:9464", "an IP address"),
+    ("[::g]:9464", "an IP address"),
+])
+def test_a_listen_address_without_a_port_or_an_ip_literal_is_refused(no_dns, listen, fragment):
+    problem = problem_for(problems_of({"metrics": {"listen": listen}}), "metrics.listen")
+    assert fragment in problem and "\n" not in problem, problem
