@@ -34,6 +34,7 @@ from .db import store
 from .db.connect import LazyConnection
 from .db.deadline import within
 from .errors import OperationalError, one_line
+from .lease_timing import renew_retry_delay
 from .logs import emit
 
 # A renewal round also renews claims due within this fraction of the renew interval, so a
@@ -244,7 +245,7 @@ class LeaseKeeper(threading.Thread):
         now = time.monotonic()
         with self._wakeup:
             for held in due:
-                held.due = now + min(1.0, held.renew_interval / 4)
+                held.due = now + renew_retry_delay(held.renew_interval)
         if not self._renew_failing:
             self._renew_failing = True
             emit("lease_renew_failed", logging.WARNING, error=one_line(exc),

@@ -56,7 +56,7 @@ def prepare_task(task_type: str, payload: Mapping[str, Any] | None = None, *,
                  unique_key: str | None = None,
                  max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> NewTask:
     """Check every argument of a submit; UsageError names the first bad one."""
-    task_type = check_label("task_type", task_type, MAX_TASK_TYPE_LENGTH)
+    task_type = check_task_type(task_type)
     task_id = str(uuid.uuid4()) if task_id is None else check_label("task_id", task_id,
                                                                     MAX_ID_LENGTH)
     if unique_key is not None:
@@ -151,6 +151,13 @@ def check_label(field: str, value: Any, max_length: int) -> str:
         raise UsageError(f"{field}: must not contain control or format characters, "
                          f"got {quote(value)}")
     return value
+
+
+def check_task_type(value: Any) -> str:
+    """The one rule for a task type's name, for a submit and for every type a config names:
+    a type the client could not submit would be a handler no task reaches, or a pool whose
+    every claim fails."""
+    return check_label("task_type", value, MAX_TASK_TYPE_LENGTH)
 
 
 def check_int(field: str, value: Any, minimum: int, maximum: int) -> int:

@@ -40,6 +40,24 @@ DEFAULT_RETENTION_BATCH_SIZE = 1000
 # leave a lease held until the year 33715), and a pool of thousands of processes on one host
 # is one too.
 MAX_SECONDS = 7 * 86400.0
+# Floors, for the same reason from below: a loop timed by 1e-9 s never sleeps, so an idle
+# daemon burns a core and fills the database with statements, and a lease of a millisecond
+# fails a task before it runs. Each floor is far below any setting that makes sense and far
+# above a spin:
+# - a lease shorter than a second is shorter than one renewal may wait for its answer (the
+#   keeper gives a statement at least a second), so it lapses under any load;
+# - a worker polls once per poll_interval when idle: 100 queries a second per child at most;
+# - the reaper, health and retention passes, renewals and timeouts are each a statement or a
+#   connection attempt: at most ten a second, and a timeout shorter than a round trip on a
+#   busy host fails work that was fine;
+# - max_pending_age below a second would call the queue unhealthy whenever a task is due.
+# shutdown_timeout and the retry delays have none: 0 means "at once" there, and nothing loops.
+MIN_LEASE_SECONDS = 1.0
+MIN_RENEW_INTERVAL = 0.1
+MIN_POLL_INTERVAL = 0.01
+MIN_PASS_INTERVAL = 0.1
+MIN_TIMEOUT = 0.1
+MIN_PENDING_AGE = 1.0
 MAX_PROCESSES = 512
 MAX_PAYLOAD_LIMIT = 256 * 1024 * 1024
 # Retention periods are the one kind of duration measured in weeks or years; ten years is

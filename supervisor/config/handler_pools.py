@@ -8,7 +8,8 @@ import re
 from typing import Any, Mapping
 
 from ..errors import quote
-from .defaults import CANCEL_MODES, DEFAULT_HANDLERS_PATH, MAX_BATCH_SIZE, MAX_PROCESSES
+from .defaults import (CANCEL_MODES, DEFAULT_HANDLERS_PATH, MAX_BATCH_SIZE, MAX_PROCESSES,
+                       MIN_TIMEOUT)
 from .model import DEFAULT_POLICY, HandlersConfig, PoolConfig, RunPolicy
 from .validator import Validator, shown_key, type_name
 
@@ -27,8 +28,7 @@ def parse_handlers(v: Validator, tree: Mapping) -> HandlersConfig:
     else:
         for task_type, spec in types_tree.items():
             where = f"handlers.types.{shown_key(task_type)}"
-            if not isinstance(task_type, str) or not task_type:
-                v.problem(where, "a task type must be a non-empty string")
+            if not v.task_type(where, task_type):
                 continue
             if isinstance(spec, dict):
                 spec, policy = _parse_handler_mapping(v, spec, where)
@@ -51,7 +51,8 @@ def _parse_handler_mapping(v: Validator, spec: dict, where: str) -> tuple[Any, R
         v.problem(f"{where}.cancel", f"must be one of {', '.join(CANCEL_MODES)}, "
                                      f"got {quote(cancel)}")
         cancel = "cooperative"
-    policy = RunPolicy(timeout=v.number(spec, "timeout", where, None), cancel=cancel)
+    policy = RunPolicy(timeout=v.number(spec, "timeout", where, None, minimum=MIN_TIMEOUT,
+                                        strict=False), cancel=cancel)
     return spec.get("handler"), policy
 
 
@@ -89,7 +90,9 @@ def parse_pools(v: Validator, tree: Mapping, handlers: HandlersConfig) -> tuple[
             v.problem(f"{where}.task_types", "must be a list of task type names")
             chosen = ()
         else:
-            for t in task_types:
+            for i, t in enumerate(task_types):
+                if not v.task_type(f"{where}.task_types[{i}]", t):
+                    continue
                 if t not in handlers.types:
                     v.problem(f"{where}.task_types",
                               f"{quote(t)} has no handler under handlers.types")

@@ -8,13 +8,15 @@ same whatever the daemon's working directory is.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError, quote
-from ..task_fields import DEFAULT_MAX_PAYLOAD_BYTES, MAX_TASK_TYPE_LENGTH
+from ..lease_timing import renewal_problem
+from ..task_fields import DEFAULT_MAX_PAYLOAD_BYTES
 from .defaults import (CONFIG_ENV, DEFAULT_DATA_DIR, DEFAULT_HEALTH_INTERVAL,
                        DEFAULT_LEASE_SECONDS, DEFAULT_MAX_PENDING_AGE, DEFAULT_METRICS_LISTEN,
                        DEFAULT_METRICS_MAX_CONNECTIONS, DEFAULT_METRICS_REQUEST_TIMEOUT,
@@ -23,7 +25,9 @@ from .defaults import (CONFIG_ENV, DEFAULT_DATA_DIR, DEFAULT_HEALTH_INTERVAL,
                        DEFAULT_RETENTION_COMPLETED, DEFAULT_RETENTION_FAILED,
                        DEFAULT_RETENTION_INTERVAL, DEFAULT_RETRY_BASE_DELAY, DEFAULT_RETRY_JITTER,
                        DEFAULT_RETRY_MAX_DELAY, DEFAULT_SHUTDOWN_TIMEOUT, DSN_ENV, MAX_LIMIT,
-                       MAX_METRICS_CONNECTIONS, MAX_PAYLOAD_LIMIT, MAX_RETENTION_BATCH_SIZE)
+                       MAX_METRICS_CONNECTIONS, MAX_PAYLOAD_LIMIT, MAX_RETENTION_BATCH_SIZE,
+                       MIN_LEASE_SECONDS, MIN_PASS_INTERVAL, MIN_PENDING_AGE, MIN_POLL_INTERVAL,
+                       MIN_RENEW_INTERVAL, MIN_TIMEOUT)
 from .model import (Config, DatabaseConfig, HealthConfig, LeaseConfig, MetricsConfig,
                     ReaperConfig, RetentionConfig, RetryConfig)
 from .handler_pools import parse_handlers, parse_pools
@@ -51,18 +55,20 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     database = _parse_database(v, tree, env)
 
     lease_tree = v.section(tree, "lease", "", {"seconds", "renew_interval"})
-    seconds = v.number(lease_tree, "seconds", "lease", DEFAULT_LEASE_SECONDS)
+    before_lease = len(v.problems)
+    seconds = v.number(lease_tree, "seconds", "lease", DEFAULT_LEASE_SECONDS,
+                       minimum=MIN_LEASE_SECONDS, strict=False)
     # Unset, the renewal follows the lease: a third of it (10 s for the default 30 s), so
     # that shortening only lease.seconds never trips the check below.
     lease = LeaseConfig(
         seconds=seconds,
         renew_interval=v.number(lease_tree, "renew_interval", "lease",
-                                seconds * DEFAULT_RENEW_INTERVAL / DEFAULT_LEASE_SECONDS),
+                                seconds * DEFAULT_RENEW_INTERVAL / DEFAULT_LEASE_SECONDS,
+                                minimum=MIN_RENEW_INTERVAL, strict=False),
     )
-    if lease.renew_interval >= lease.seconds:
-        v.problem("lease.renew_interval",
-                  f"must be shorter than lease.seconds ({lease.renew_interval:g} >= {lease.seconds:g}),"
-                  " or the lease lapses between renewals")
+    renewal = renewal_problem(lease.seconds, lease.renew_interval)
+    if renewal and len(v.problems) == before_lease:  # not a default standing in for a typo
+        v.problem("lease.renew_interval", renewal)
 
     retry_tree = v.section(tree, "retry", "", {"base_delay", "max_delay", "jitter"})
     retry = RetryConfig(
@@ -84,12 +90,8 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     retention = _parse_retention(v, tree)
     metrics_tree = v.section(tree, "metrics", "", {"listen", "max_connections",
                                                    "request_timeout"})
-    listen = v.string(metrics_tree, "listen", "metrics", DEFAULT_METRICS_LISTEN) or ""
-    if listen and not re.match(r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):\d{1,5}$", listen):
-        v.problem("metrics.listen",
-                  f"must be host:port (like 127.0.0.1:9464), got {quote(listen)}")
-    elif listen and not 0 <= int(listen.rpartition(":")[2]) <= 65535:
-        v.problem("metrics.listen", f"port must be 0 to 65535, got {quote(listen)}")
+    listen = _parse_listen(v, v.string(metrics_tree, "listen", "metrics",
+                                       DEFAULT_METRICS_LISTEN) or "")
 
     max_payload_bytes = v.integer(tree, "max_payload_bytes", "", DEFAULT_MAX_PAYLOAD_BYTES,
                                   minimum=2, maximum=MAX_PAYLOAD_LIMIT)
@@ -99,22 +101,27 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
         path=path,
         database=database,
         lease=lease,
-        poll_interval=v.number(tree, "poll_interval", "", DEFAULT_POLL_INTERVAL, maximum=3600),
+        poll_interval=v.number(tree, "poll_interval", "", DEFAULT_POLL_INTERVAL, maximum=3600,
+                               minimum=MIN_POLL_INTERVAL, strict=False),
         retry=retry,
         handlers=handlers,
         pools=pools,
         shutdown_timeout=v.number(tree, "shutdown_timeout", "", DEFAULT_SHUTDOWN_TIMEOUT,
                                   strict=False),
-        reload_timeout=v.number(tree, "reload_timeout", "", None),
+        reload_timeout=v.number(tree, "reload_timeout", "", None, minimum=MIN_TIMEOUT,
+                                strict=False),
         reaper=ReaperConfig(
-            interval=v.number(reaper_tree, "interval", "reaper", DEFAULT_REAPER_INTERVAL),
+            interval=v.number(reaper_tree, "interval", "reaper", DEFAULT_REAPER_INTERVAL,
+                              minimum=MIN_PASS_INTERVAL, strict=False),
             batch_size=v.integer(reaper_tree, "batch_size", "reaper", 100, minimum=1,
                                  maximum=100_000),
         ),
         health=HealthConfig(
-            interval=v.number(health_tree, "interval", "health", DEFAULT_HEALTH_INTERVAL),
+            interval=v.number(health_tree, "interval", "health", DEFAULT_HEALTH_INTERVAL,
+                              minimum=MIN_PASS_INTERVAL, strict=False),
             max_pending_age=v.number(health_tree, "max_pending_age", "health",
-                                     DEFAULT_MAX_PENDING_AGE),
+                                     DEFAULT_MAX_PENDING_AGE, minimum=MIN_PENDING_AGE,
+                                     strict=False),
         ),
         retention=retention,
         metrics=MetricsConfig(
@@ -123,7 +130,8 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
                                       DEFAULT_METRICS_MAX_CONNECTIONS, minimum=1,
                                       maximum=MAX_METRICS_CONNECTIONS),
             request_timeout=v.number(metrics_tree, "request_timeout", "metrics",
-                                     DEFAULT_METRICS_REQUEST_TIMEOUT, maximum=300),
+                                     DEFAULT_METRICS_REQUEST_TIMEOUT, maximum=300,
+                                     minimum=MIN_TIMEOUT, strict=False),
         ),
         max_payload_bytes=max_payload_bytes,
         schedules=schedules,
@@ -135,6 +143,38 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     return config
 
 
+def _parse_listen(v: Validator, listen: str) -> str:
+    """``address:port`` of the metrics endpoint, or "" (off).
+
+    The address must be an IP literal. A host name would be resolved when the daemon binds,
+    by whatever DNS says then: check-config could not tell whether the endpoint, which has no
+    authentication, is reachable from other hosts, and a lookup that fails or changes would
+    fail a start or a reload. Port 0 would bind a port chosen at random that no scraper finds.
+    """
+    if not listen:
+        return ""
+    match = re.match(r"^(?:\[([^\]]*)\]|([^:\s\[\]]+)):(\d{1,5})$", listen)
+    if not match:
+        v.problem("metrics.listen",
+                  f"must be address:port (like 127.0.0.1:9464 or [::1]:9464), got {quote(listen)}")
+        return DEFAULT_METRICS_LISTEN
+    literal, port = match.group(1) or match.group(2), int(match.group(3))
+    version = 6 if match.group(1) is not None else 4
+    try:
+        address = ipaddress.ip_address(literal)
+    except ValueError:
+        address = None
+    if address is None or address.version != version:
+        v.problem("metrics.listen",
+                  f"must be an IP address (like 127.0.0.1 or [::1]), not a host name, which "
+                  f"would be resolved only at bind time, got {quote(listen)}")
+        return DEFAULT_METRICS_LISTEN
+    if not 1 <= port <= 65535:
+        v.problem("metrics.listen", f"port must be from 1 to 65535, got {quote(listen)}")
+        return DEFAULT_METRICS_LISTEN
+    return listen
+
+
 def _parse_retention(v: Validator, tree: Mapping) -> RetentionConfig:
     section = v.section(tree, "retention", "", {"completed", "failed", "cancelled", "interval",
                                                 "batch_size"})
@@ -142,7 +182,8 @@ def _parse_retention(v: Validator, tree: Mapping) -> RetentionConfig:
         completed=v.retention(section, "completed", "retention", DEFAULT_RETENTION_COMPLETED),
         failed=v.retention(section, "failed", "retention", DEFAULT_RETENTION_FAILED),
         cancelled=v.retention(section, "cancelled", "retention", DEFAULT_RETENTION_CANCELLED),
-        interval=v.number(section, "interval", "retention", DEFAULT_RETENTION_INTERVAL),
+        interval=v.number(section, "interval", "retention", DEFAULT_RETENTION_INTERVAL,
+                          minimum=MIN_PASS_INTERVAL, strict=False),
         batch_size=v.integer(section, "batch_size", "retention", DEFAULT_RETENTION_BATCH_SIZE,
                              minimum=1, maximum=MAX_RETENTION_BATCH_SIZE),
     )
@@ -158,7 +199,8 @@ def _parse_database(v: Validator, tree: Mapping, env: Mapping[str, str]) -> Data
     return DatabaseConfig(
         dsn=dsn,
         data_dir=v.directory(db, "data_dir", "database", DEFAULT_DATA_DIR),
-        connect_timeout=v.number(db, "connect_timeout", "database", 5.0, maximum=300),
+        connect_timeout=v.number(db, "connect_timeout", "database", 5.0, maximum=300,
+                                 minimum=MIN_TIMEOUT, strict=False),
         listen=v.boolean(db, "listen", "database", True),
         listen_dsn=v.dsn("database.listen_dsn",
                          v.string(db, "listen_dsn", "database", None) or None),
@@ -178,10 +220,7 @@ def _parse_limits(v: Validator, tree: Mapping) -> dict[str, int]:
     limits = {}
     for task_type, value in raw.items():
         where = f"limits.{shown_key(task_type)}"
-        if not isinstance(task_type, str) or not task_type.strip() or \
-                len(task_type) > MAX_TASK_TYPE_LENGTH or not task_type.isprintable():
-            v.problem(where, f"a task type must be a non-empty printable string of at most "
-                             f"{MAX_TASK_TYPE_LENGTH} characters")
+        if not v.task_type(where, task_type):
             continue
         if isinstance(value, bool) or not isinstance(value, int):
             v.problem(where, f"must be a whole number of tasks, got {type_name(value)} "

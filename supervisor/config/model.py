@@ -6,6 +6,7 @@ out of bounds, is the loader's job.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -169,6 +170,12 @@ class MetricsConfig:
         host, _, port = self.listen.rpartition(":")
         return host.strip("[]"), int(port)
 
+    @property
+    def exposed(self) -> bool:
+        """The endpoint listens on an address other hosts may reach (not loopback)."""
+        address = self.address
+        return address is not None and not ipaddress.ip_address(address[0]).is_loopback
+
 
 @dataclass(frozen=True)
 class ScheduleConfig:
@@ -236,8 +243,14 @@ class Config:
         """What deserves a look but does not stop this config from loading (check-config
         prints it). As for ``pgtaskd submit``, only a config that names handlers can say a
         type has none: a config without any only enqueues."""
-        if not self.handlers.types:
-            return []
-        return [f"schedules.{s.name}.task_type: no handler for {quote(s.task_type)} under "
-                f"handlers.types; its tasks wait for a daemon whose config handles it"
-                for s in self.schedules if s.task_type not in self.handlers.types]
+        found = []
+        if self.metrics.exposed:
+            found.append(f"metrics.listen: {self.metrics.listen} is not a loopback address: "
+                         f"/metrics and /healthz have no authentication, so anyone who can "
+                         f"reach it reads the queue's state")
+        if self.handlers.types:
+            found += [f"schedules.{s.name}.task_type: no handler for {quote(s.task_type)} "
+                      f"under handlers.types; its tasks wait for a daemon whose config "
+                      f"handles it"
+                      for s in self.schedules if s.task_type not in self.handlers.types]
+        return found

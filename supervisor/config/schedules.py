@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from typing import Mapping
 
 from ..errors import UsageError, quote
-from ..scheduling.cron import Cron, CronError, check_expression, load_zone
+from ..scheduling.cron import HORIZON_YEARS, Cron, CronError, check_expression, load_zone
 from ..task_fields import INT32_MAX, INT32_MIN, prepare_task
 from .defaults import (CATCH_UP_POLICIES, DEFAULT_CATCH_UP, DEFAULT_MAX_CATCH_UP,
                        DEFAULT_SCHEDULE_TIMEZONE, MAX_CATCH_UP_LIMIT)
@@ -124,4 +124,15 @@ def _parse_cron(v: Validator, settings: Mapping, where: str) -> Cron | None:
     except CronError as exc:
         v.problem(f"{where}.cron", f"{exc}, got {quote(expression)}")
         return None
-    return Cron(expression, zone_name) if valid else None
+    if not valid:
+        return None
+    cron = Cron(expression, zone_name)
+    # cronsim checked that the expression names a date; whether its zone's clock ever shows
+    # one of its wall times (not all in a skipped hour) only the placed search can tell.
+    if cron.next_after(datetime.now(timezone.utc)) is None:
+        v.problem(f"{where}.cron", f"names no instant in the next {HORIZON_YEARS} years in "
+                                   f"{zone_name} (each time it names falls where the clock "
+                                   f"skips, as at a change to daylight saving time), "
+                                   f"got {quote(expression)}")
+        return None
+    return cron

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..db.redact import dsn_problem
-from ..errors import one_line, quote
+from ..errors import UsageError, one_line, quote
+from ..task_fields import check_task_type
 from .defaults import MAX_RETENTION_SECONDS, MAX_SECONDS
 
 
@@ -75,6 +76,16 @@ class Validator:
             return None
         return self.number(tree, key, path, default, maximum=MAX_RETENTION_SECONDS,
                            hint=" (or false to keep these tasks forever)")
+
+    def task_type(self, where: str, name: Any) -> bool:
+        """Whether ``name`` is a task type a client could submit; if not, one problem says
+        why, in the client's own words."""
+        try:
+            check_task_type(name)
+        except UsageError as exc:
+            self.problem(where, str(exc).partition("task_type: ")[2])
+            return False
+        return True
 
     def boolean(self, tree: Mapping, key: str, path: str, default: bool) -> bool:
         if key not in tree or tree[key] is None:
@@ -139,8 +150,10 @@ class Validator:
 
 
 def shown_key(key: Any) -> str:
-    """A mapping key as a key path shows it: as written if it is a short string."""
-    if isinstance(key, str) and 0 < len(key) <= 60 and key.isprintable():
+    """A mapping key as a key path shows it: as written if it is a short string that reads
+    the same in a line of text (no white space at its ends, which would vanish there)."""
+    if (isinstance(key, str) and 0 < len(key) <= 60 and key.isprintable()
+            and key == key.strip()):
         return key
     return quote(key)
 

@@ -87,6 +87,8 @@ class Arbiter(Reloading, Shutdown):
         self.install_signals()
         emit("supervisor_starting", config=str(self.config.path or "(defaults)"),
              database=redact_dsn(self.config.database.dsn), pid=os.getpid())
+        for warning in self.config.warnings():  # what check-config prints, for who never ran it
+            emit("config_warning", logging.WARNING, warning=warning)
         try:
             with database_dsn(self.config) as dsn:
                 self.dsn = dsn

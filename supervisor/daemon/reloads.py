@@ -60,6 +60,8 @@ class Reloading:
             emit("reload_failed", logging.ERROR, reason="the config could not be loaded, "
                  "keeping the running one", problems=[one_line(exc)])
             return
+        for warning in new_config.warnings():
+            emit("config_warning", logging.WARNING, warning=warning)
         if new_config.database != self.config.database:
             emit("reload_warning", logging.WARNING,
                  reason="database settings change only on restart; keeping the current database")

@@ -25,7 +25,7 @@ a clock without a zone here, and each wall time it names is placed on the time l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import MAXYEAR, MINYEAR, datetime, timedelta, timezone
 from functools import cached_property
 from typing import Iterator
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -44,6 +44,13 @@ ALIASES = {
 MAX_EXPRESSION_LENGTH = 200
 # Where validation looks for a first instant: any fixed moment does, since cron has no year.
 _PROBE_START = datetime(2000, 1, 1)
+# How far a search walks before it answers "none": as far as cronsim looks for a date. Cronsim
+# only knows the wall clock, so an expression whose every wall time the zone skips (``* 2 * 3
+# 0#2`` in New York) gives it matches for ever, which each placed nowhere: unbounded, a search
+# walked to the year 9999 and overflowed.
+HORIZON_YEARS = 50
+# An instant and its wall time are less than a day apart (UTC offsets are within +-14 h).
+_OFFSET_SLACK = timedelta(days=1)
 
 
 class CronError(ValueError):
@@ -117,7 +124,8 @@ class Cron:
     # -- the instants -----------------------------------------------------------------------
 
     def next_after(self, instant: datetime) -> datetime | None:
-        """The first instant strictly after ``instant``; None if there is none within 50 years."""
+        """The first instant strictly after ``instant``; None if there is none within
+        HORIZON_YEARS (or before the calendar ends)."""
         return next(self._forward(instant), None)
 
     def newest(self, after: datetime, until: datetime, count: int | None = None) -> list[datetime]:
@@ -128,7 +136,7 @@ class Cron:
         found: list[datetime] = []
         if count == 0:
             return found
-        for instant in self._backward(until):
+        for instant in self._backward(until, after):
             if instant <= after:
                 break
             found.append(instant)
@@ -141,10 +149,8 @@ class Cron:
         """Instants strictly after ``after``, ascending, each once."""
         after = after.astimezone(UTC)
         pending: list[datetime] = []
-        for wall in CronSim(self._text, self._forward_start(after)):
-            placed = self._placements(wall)
-            if not placed:
-                continue
+        start = self._forward_start(after)
+        for wall, placed in self._walls(start, _years_from(start, HORIZON_YEARS)):
             # A later wall time never runs before this one's first placement, but the second
             # pass of a repeated hour runs after wall times that come later: hold each
             # instant until nothing can come before it.
@@ -157,15 +163,19 @@ class Cron:
                     after = instant
         yield from (instant for instant in pending if instant > after)
 
-    def _backward(self, until: datetime) -> Iterator[datetime]:
-        """Instants at or before ``until``, descending, each once."""
+    def _backward(self, until: datetime, after: datetime) -> Iterator[datetime]:
+        """Instants at or before ``until``, descending, each once, down to about ``after``
+        (HORIZON_YEARS at most): the caller stops at ``after`` itself."""
         until = until.astimezone(UTC)
         pending: list[datetime] = []
         previous = None
-        for wall in CronSim(self._text, self._backward_start(until), reverse=True):
-            placed = self._placements(wall)
-            if not placed:
-                continue
+        start = self._backward_start(until)
+        try:
+            lowest = after.astimezone(self.zone).replace(tzinfo=None) - _OFFSET_SLACK
+        except OverflowError:
+            lowest = datetime.min
+        lowest = max(lowest, _years_from(start, -HORIZON_YEARS))
+        for wall, placed in self._walls(start, lowest, reverse=True):
             pending = sorted(pending + placed)
             while pending and pending[-1] >= placed[-1]:
                 instant = pending.pop()
@@ -194,6 +204,34 @@ class Cron:
             last = self._first_change(first_pass, until) - SECOND
         return last.astimezone(self.zone).replace(tzinfo=None) + SECOND
 
+    def _walls(self, start: datetime, limit: datetime, *,
+               reverse: bool = False) -> Iterator[tuple[datetime, list[datetime]]]:
+        """Each wall time cronsim names from ``start`` (exclusive) on to ``limit``, with its
+        placements; a skipped stretch of wall times is passed over at once, so the cost is
+        that of the wall times placed, and nothing is searched past ``limit``."""
+        while True:
+            try:
+                for wall in CronSim(self._text, start, reverse=reverse):
+                    if (wall < limit) if reverse else (wall > limit):
+                        return
+                    placed = self._placements(wall)
+                    if placed:
+                        yield wall, placed
+                        continue
+                    # A rhythm's wall time in a gap runs never: go on from the gap's edge.
+                    end = self._gap_end(wall)
+                    start = self._wall(end) - SECOND if not reverse else \
+                        self._wall(end - SECOND) + SECOND
+                    break
+                else:
+                    return  # cronsim found no date within its own 50 years
+            except (OverflowError, ValueError):
+                # The calendar's end (year 1 or 9999) came first: nothing lies past it.
+                return
+
+    def _wall(self, instant: datetime) -> datetime:
+        return instant.astimezone(self.zone).replace(tzinfo=None)
+
     # -- wall clock to time line ------------------------------------------------------------
 
     def _placements(self, wall: datetime) -> list[datetime]:
@@ -207,14 +245,19 @@ class Cron:
     def _place(self, wall: datetime) -> datetime:
         """The UTC instant at which a naive wall time of the zone runs: the first of two in a
         repeated hour, the end of the gap for a time the clock skipped."""
-        first = wall.replace(tzinfo=self.zone, fold=0).astimezone(UTC)
-        second = wall.replace(tzinfo=self.zone, fold=1).astimezone(UTC)
-        earliest, latest = min(first, second), max(first, second)
+        earliest = min(wall.replace(tzinfo=self.zone, fold=fold).astimezone(UTC)
+                       for fold in (0, 1))
         if earliest.astimezone(self.zone).replace(tzinfo=None) == wall:
             return earliest
-        # Skipped: ``earliest`` reads the wall time with the offset after the jump, so it lies
-        # before the jump, and ``latest`` after it.
-        return self._first_change(earliest, latest)
+        return self._gap_end(wall)
+
+    def _gap_end(self, wall: datetime) -> datetime:
+        """The first instant after the gap that skips this naive wall time."""
+        first = wall.replace(tzinfo=self.zone, fold=0).astimezone(UTC)
+        second = wall.replace(tzinfo=self.zone, fold=1).astimezone(UTC)
+        # ``earliest`` reads the wall time with the offset after the jump, so it lies before
+        # the jump, and ``latest`` after it.
+        return self._first_change(min(first, second), max(first, second))
 
     def _first_change(self, before: datetime, after: datetime) -> datetime:
         """The first whole second in (before, after] whose UTC offset differs from that of
@@ -228,3 +271,15 @@ class Cron:
             else:
                 high = middle
         return datetime.fromtimestamp(high, UTC)
+
+
+def _years_from(wall: datetime, years: int) -> datetime:
+    """The same wall time ``years`` later (earlier if negative), held within the calendar."""
+    year = wall.year + years
+    if year > MAXYEAR:
+        return datetime.max
+    if year < MINYEAR:
+        return datetime.min
+    if (wall.month, wall.day) == (2, 29):
+        wall = wall.replace(day=28)
+    return wall.replace(year=year)

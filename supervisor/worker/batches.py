@@ -16,10 +16,11 @@ from typing import Sequence
 from .. import metrics
 from ..config import Config
 from ..db import store
+from ..lease_timing import stop_margin
 from ..logs import emit
 from .leases import LeaseHolder
 from .outcomes import Done, Outcome, count_by_type
-from .task import Task, decode_payload, stop_margin
+from .task import Task, decode_payload
 
 # A batch's waiting tasks are given back once the handler ahead of them ran this long (or a
 # quarter of the lease, if that is shorter).

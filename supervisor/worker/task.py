@@ -14,19 +14,6 @@ from ..errors import TaskCancelled
 from ..logs import emit
 
 
-# The lease counts as lost this long before it runs out by the worker's clock: 5% of it, at
-# most a second. The worker's clock starts the lease just before the database's does, so
-# without a margin a handler would stop, at its next safe point, just after another worker
-# could claim its task. One that checks is_cancelled() at least this often stops before;
-# the margin also dwarfs how far two hosts' clocks can drift over a lease (NTP slews a
-# clock by 0.05% at most).
-MAX_LEASE_MARGIN = 1.0
-
-
-def stop_margin(lease_seconds: float) -> float:
-    return min(MAX_LEASE_MARGIN, lease_seconds * 0.05)
-
-
 @dataclass
 class Task:
     id: str

@@ -42,7 +42,13 @@ def test_a_schedule_every_second_runs_and_a_reload_without_it_stops_it(start_dae
     every_second = {"cron": "* * * * * *", "task_type": "record"}
     # Copies: PyYAML writes a mapping used twice as an anchor and an alias, which the config
     # reader refuses.
-    d = start_daemon(schedules={"tick": dict(every_second), "tock": dict(every_second)})
+    # A type no handler takes: a config warning, logged at start and on each reload (named
+    # short, so that the table's columns below keep their widths).
+    orphan = {"cron": "0 0 1 1 *", "task_type": "nobody"}
+    d = start_daemon(schedules={"tick": dict(every_second), "tock": dict(every_second),
+                                "o": dict(orphan)})
+    (warned,) = d.find("config_warning")
+    assert warned["warning"].startswith("schedules.o.task_type: no handler"), warned
 
     wait_until(lambda: sum(status == "COMPLETED" for _, status, _ in scheduled(conn, "tick")) >= 3,
                timeout=20, message="three of tick's tasks to run")
@@ -53,11 +59,12 @@ def test_a_schedule_every_second_runs_and_a_reload_without_it_stops_it(start_dae
     assert set(runs_of(conn, "tick").values()) == {1}
 
     mark = d.mark()
-    d.tree["schedules"] = {"tock": dict(every_second)}
+    d.tree["schedules"] = {"tock": dict(every_second), "o": dict(orphan)}
     d.write_config()
     d.send(signal.SIGHUP)
     d.wait_for("reload_finished", since=mark, timeout=30)
-    d.wait_for("schedules_applied", since=mark, schedules=["tock"])
+    assert len(d.find("config_warning", since=mark)) == 1
+    d.wait_for("schedules_applied", since=mark, schedules=["tock", "o"])
     applied = conn.execute("SELECT now()").fetchone()[0]
     # tock goes on: the scheduler made passes after the reload in which tick was gone.
     wait_until(lambda: scheduled(conn, "tock")[-1][2] >= applied + 2 * SECOND, timeout=15,
@@ -73,7 +80,7 @@ def test_a_schedule_every_second_runs_and_a_reload_without_it_stops_it(start_dae
 
     listed = pgtaskd_schedules(d.config_path, db_dsn, "--json")
     assert listed.returncode == 0, listed.stderr
-    (tock,) = json.loads(listed.stdout)
+    tock, = [s for s in json.loads(listed.stdout) if s["name"] == "tock"]
     assert (tock["name"], tock["cron"], tock["timezone"], tock["task_type"]) == (
         "tock", "* * * * * *", "UTC", "record")
     assert tock["last_task_id"].startswith("schedule:tock:")
@@ -82,7 +89,8 @@ def test_a_schedule_every_second_runs_and_a_reload_without_it_stops_it(start_dae
 
     table = pgtaskd_schedules(d.config_path, db_dsn)
     assert table.returncode == 0, table.stderr
-    header, row = table.stdout.splitlines()
+    header, *rows = table.stdout.splitlines()
+    (row,) = [r for r in rows if r.startswith("tock ")]
     assert header.split() == ["NAME", "CRON", "TIMEZONE", "TYPE", "NEXT", "RUN", "LAST", "RUN",
                               "LAST", "STATUS"]
     assert row.startswith("tock  * * * * * *  UTC       record  ")

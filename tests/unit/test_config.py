@@ -112,11 +112,22 @@ def test_every_problem_is_reported_at_once():
         problem_for(problems, key_path)
 
 
-@pytest.mark.parametrize("renew_interval", [30, 45])
-def test_a_renew_interval_not_below_the_lease_is_rejected(renew_interval):
-    problem = problem_for(problems_of({"lease": {"seconds": 30, "renew_interval": renew_interval}}),
-                          "lease.renew_interval")
-    assert "shorter than lease.seconds" in problem
+@pytest.mark.parametrize("seconds, renew_interval", [(4, 3.9), (4, 3.1), (30, 28.5), (1, 0.8),
+                                                     (30, 30), (30, 45)])
+def test_a_renewal_that_cannot_land_before_the_workers_margin_is_refused(seconds,
+                                                                        renew_interval):
+    """Lease 4 / renew 3.9: the worker stops trusting its lease at 3.8 s, before the first
+    renewal is even sent, so every task longer than that failed with no fault anywhere."""
+    problems = problems_of({"lease": {"seconds": seconds, "renew_interval": renew_interval}})
+    assert len(problems) == 1, problems
+    problem = problem_for(problems, "lease.renew_interval")
+    assert "lease.seconds" in problem and "one retry" in problem, problem
+
+
+@pytest.mark.parametrize("seconds, renew_interval", [(4, 2.9), (30, 10), (1.5, 0.3), (2, 1.4),
+                                                     (1, 0.1), (1, 0.7)])
+def test_a_renewal_with_time_for_one_retry_is_accepted(seconds, renew_interval):
+    parse({"lease": {"seconds": seconds, "renew_interval": renew_interval}})
 
 
 @pytest.mark.parametrize("seconds", [0, -5])
@@ -310,7 +321,7 @@ def test_a_snapshot_over_the_size_limit_is_refused(tmp_path):
     ({"reaper": {"batch_size": {str(i): "v" * 100 for i in range(2_000)}}}, "reaper.batch_size"),
     ({"metrics": {"listen": "h" * 20_000}}, "metrics.listen"),
     ({"pools": {"p": {"task_types": ["t" * 20_000]}}, "handlers": {"types": {}}},
-     "pools.p.task_types"),
+     "pools.p.task_types[0]"),
     ({"database": {"listen": ["y"] * 5_000}}, "database.listen"),
 ])
 def test_a_problem_quotes_only_a_short_prefix_of_a_huge_value(tree, key_path):
@@ -394,3 +405,71 @@ def test_a_folder_no_file_name_can_hold_is_a_problem(key_path, tree):
 def test_a_folder_behind_a_symlink_loop_is_a_problem(tmp_path, key_path, tree):
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     assert "Symlink loop" in problem_for(problems_of(tree, base_dir=tmp_path), key_path)
+
+
+# -- floors on durations --------------------------------------------------------------------
+
+@pytest.mark.parametrize("key_path, floor", [
+    ("lease.seconds", 1), ("lease.renew_interval", 0.1), ("poll_interval", 0.01),
+    ("reaper.interval", 0.1), ("health.interval", 0.1), ("health.max_pending_age", 1),
+    ("retention.interval", 0.1), ("database.connect_timeout", 0.1),
+    ("metrics.request_timeout", 0.1), ("reload_timeout", 0.1),
+    ("handlers.types.echo.timeout", 0.1),
+])
+def test_a_duration_below_its_floor_is_one_problem_naming_the_floor(key_path, floor):
+    """1e-9 s between polls or reaper passes burns a core on an idle daemon; a lease of a
+    millisecond fails a task before it runs."""
+    def tree_with(value):
+        *sections, key = key_path.split(".")
+        tree = {"handlers": {"types": {"echo": {"handler": "basic:echo"}}}}
+        node = tree
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[key] = value
+        if key_path == "lease.seconds":
+            tree["lease"]["renew_interval"] = 0.1
+        return tree
+
+    problem = problem_for(problems_of(tree_with(floor * 0.999)), key_path)
+    assert f"at least {floor:g}" in problem, problem
+    assert problem_for(problems_of(tree_with(1e-9)), key_path)
+    parse(tree_with(floor))
+
+
+# -- metrics.listen -------------------------------------------------------------------------
+
+@pytest.fixture
+def no_dns(monkeypatch):
+    """Reading metrics.listen must not resolve a name: a lookup here fails the test."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a name was resolved: {args}")
+    for name in ("getaddrinfo", "gethostbyname", "gethostbyname_ex"):
+        monkeypatch.setattr(socket, name, refuse)
+
+
+@pytest.mark.parametrize("listen, warned", [
+    ("127.0.0.1:9464", False), ("127.0.0.2:9464", False), ("[::1]:9464", False),
+    ("0.0.0.0:9464", True), ("[::]:9464", True), ("192.168.1.5:9464", True),
+])
+def test_a_bind_address_off_loopback_is_allowed_with_a_warning(no_dns, listen, warned):
+    """The endpoint has no authentication: whoever can reach it reads the queue's state."""
+    config = parse({"metrics": {"listen": listen}})
+    warnings = [w for w in config.warnings() if w.startswith("metrics.listen:")]
+    assert len(warnings) == warned, config.warnings()
+    if warned:
+        assert "not a loopback address" in warnings[0] and "authentication" in warnings[0]
+
+
+@pytest.mark.parametrize("listen, fragment", [
+    ("127.0.0.1:0", "port must be from 1 to 65535"),
+    ("127.0.0.1:65536", "port must be from 1 to 65535"),
+    ("localhost:9464", "an IP address"),
+    ("metrics.example.com:9464", "an IP address"),
+    ("300.1.1.1:9464", "an IP address"),
+    ("[::g]:9464", "an IP address"),
+])
+def test_a_listen_address_without_a_port_or_an_ip_literal_is_refused(no_dns, listen, fragment):
+    problem = problem_for(problems_of({"metrics": {"listen": listen}}), "metrics.listen")
+    assert fragment in problem and "\n" not in problem, problem

@@ -76,6 +76,9 @@ def test_a_schedules_task_id_names_the_instant_in_utc_to_the_second():
      "schedules.s.payload", "max_payload_bytes"),
     ({"cron": "@daily", "task_type": "echo", "every": "day"}, "schedules.s.every",
      "unknown key"),
+    # Every instant in New York's skipped hour: the scheduler would find no next run, ever.
+    ({"cron": "* 2 * 3 0#2", "task_type": "echo", "timezone": "America/New_York"},
+     "schedules.s.cron", "no instant in the next 50 years in America/New_York"),
 ])
 def test_a_bad_schedule_is_one_problem_naming_its_key_path(schedule, key_path, fragment):
     problem = problem_for(problems_of(with_schedules({"s": schedule}, max_payload_bytes=2048)),
@@ -136,3 +139,39 @@ def test_a_bad_limit_is_named_by_its_path(limits, key_path):
     problems = problems_of({"limits": limits})
     assert len(problems) == 1 and problems[0].startswith(key_path), problems
     assert "\n" not in problems[0]
+
+
+# --- task type names: the client's rule everywhere the config names one ---------------------
+
+BAD_TYPE_NAMES = ["nul\x00inside", "\ud800", "t" * 10_000, " padded "]
+
+
+def client_refusal(name) -> str:
+    """What a client's submit says of this task type, less the field's name."""
+    from supervisor.errors import UsageError
+    from supervisor.task_fields import prepare_task
+    with pytest.raises(UsageError) as raised:
+        prepare_task(name)
+    return str(raised.value).partition("task_type: ")[2]
+
+
+@pytest.mark.parametrize("place", ["handlers.types", "pools.p.task_types", "limits",
+                                   "schedules"])
+def test_a_task_type_no_client_could_submit_is_one_problem_per_name(place):
+    good = {"echo": "basic:echo"}
+    trees = {
+        "handlers.types": {"handlers": {"types": {**good, **{n: "basic:echo"
+                                                           for n in BAD_TYPE_NAMES}}}},
+        "pools.p.task_types": {"handlers": {"types": good},
+                               "pools": {"p": {"task_types": ["echo", *BAD_TYPE_NAMES]}}},
+        "limits": {"limits": {"echo": 1, **{n: 1 for n in BAD_TYPE_NAMES}}},
+        "schedules": {"handlers": {"types": good},
+                      "schedules": {f"s{i}": {"cron": "@daily", "task_type": n}
+                                    for i, n in enumerate(BAD_TYPE_NAMES)}},
+    }
+    problems = problems_of(trees[place])
+    assert len(problems) == len(BAD_TYPE_NAMES), problems
+    for problem, name in zip(problems, BAD_TYPE_NAMES):
+        assert problem.startswith(place), problem
+        assert problem.endswith(client_refusal(name)), (problem, client_refusal(name))
+        assert len(problem) < 300 and problem.isprintable(), problem

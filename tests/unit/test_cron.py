@@ -162,8 +162,32 @@ class TestDaylightSaving:
         assert local == ["12-29 12:00", "12-31 00:00", "12-31 12:00"]
 
 
+
+class TestBoundedSearches:
+    """Every instant of these falls in New York's skipped hour (the second Sunday of March,
+    02:00-03:00, since 2007): a search walked cronsim's wall times until the year 9999."""
+
+    @pytest.mark.parametrize("expression", ["* 2 * 3 0#2", "*/10 * 2 * 3 0#2"])
+    def test_a_cron_with_no_instant_ahead_gives_none_soon(self, expression):
+        import time
+        cron = Cron(expression, "America/New_York")
+        started = time.monotonic()
+        assert cron.next_after(at("2026-01-01T00:00:00")) is None
+        assert cron.newest(at("2026-01-01T00:00:00"), at("2090-01-01T00:00:00")) == []
+        # Far from either end, a walk back stops at ``after``, not 50 years back.
+        assert cron.newest(at("2089-01-01T00:00:00"), at("2090-01-01T00:00:00")) == []
+        assert time.monotonic() - started < 3.0
+        # Before 2007 the clock changed in April: those instants are found.
+        assert cron.next_after(at("2005-01-01T00:00:00")) == at("2005-03-13T07:00:00")
+
+    def test_a_search_near_the_end_of_the_calendar_gives_none(self):
+        assert Cron("0 0 1 1 *").next_after(datetime(9999, 6, 1, tzinfo=UTC)) is None
+        assert Cron("0 0 1 1 *").newest(datetime(1, 1, 2, tzinfo=UTC),
+                                        datetime(1, 6, 1, tzinfo=UTC)) == []
+
 # A few expressions of each kind, and zones with every kind of transition.
 EXPRESSIONS = ["30 2 * * *", "30 1 * * *", "0 30 2 * * *", "*/20 * * * *", "0 * * * *",
+               "*/15 2 * * *", "*/20 * 2 * * *",
                "15,45 1-3 * * *", "0 0 * * *", "*/7 0 1 * * *", "*/20 * 1 * * *",
                "0 */2 * * *", "59 23 L * *"]
 ZONES = ["UTC", "America/New_York", "Europe/London", "Australia/Lord_Howe", "America/Santiago",
@@ -204,7 +228,7 @@ def wall_matches(expression: str, wall: datetime) -> bool:
 
 
 @settings(max_examples=150, deadline=None)
-@given(expression=st.sampled_from(["*/20 * * * *", "0 * * * *", "*/15 1-2 * * *",
+@given(expression=st.sampled_from(["*/20 * * * *", "0 * * * *", "*/15 1-2 * * *", "* 2 * * *",
                                    "10 */3 * * *", "* 1 * * *"]),
        zone=st.sampled_from(ZONES), near=st.sampled_from(TRANSITIONS),
        start=st.integers(min_value=-3 * 3600, max_value=3600))

@@ -185,3 +185,12 @@ class TestDaylightSaving:
             at("2026-03-08T07:00:00")
         assert next_instant([hourly], at("2026-03-08T06:50:00")) == at("2026-03-08T06:45:00") + HOUR
         assert next_instant([], at("2026-03-08T06:20:00")) is None
+
+    def test_a_schedule_with_no_instant_ahead_plans_nothing_and_waits_for_none(self):
+        """Every instant in New York's skipped hour (as a tzdata update could make a loaded
+        schedule): the pass and the wait get the search's bounded None, not an overflow."""
+        never = schedule("* 2 * 3 0#2", "America/New_York", name="never")
+        now = at("2026-03-08T07:30:00")
+        plan = plan_pass(never, state(never, now - 30 * 86400 * timedelta(seconds=1)), now)
+        assert (plan.instants, plan.missed) == ((), 0)
+        assert next_instant([never], now) is None
