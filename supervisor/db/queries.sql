@@ -134,11 +134,15 @@ claimed AS (
         claimed_by = %(worker_id)s,
         lease_until = now() + (%(lease_seconds)s * interval '1 second'),
         lease_token = nextval('pgtaskd_lease_token_seq'),
+        -- Cannot overflow: expired takes only rows with retry_count < max_retries.
         retry_count = CASE WHEN t.status = 'RUNNING' THEN t.retry_count + 1 ELSE t.retry_count END,
         error_message = CASE WHEN t.status = 'RUNNING'
                              THEN 'lease of worker ' || coalesce(t.claimed_by, '?') || ' expired'
                              ELSE t.error_message END,
-        attempts = t.attempts + 1,
+        -- Saturates: a count any client may have set to the INTEGER maximum must not
+        -- abort the claim of every other task with it.
+        attempts = CASE WHEN t.attempts < 2147483647 THEN t.attempts + 1
+                        ELSE t.attempts END,
         started_at = now(),
         updated_at = now(),
         slot = NULL
@@ -318,11 +322,15 @@ claimed AS (
         claimed_by = %(worker_id)s,
         lease_until = now() + (%(lease_seconds)s * interval '1 second'),
         lease_token = nextval('pgtaskd_lease_token_seq'),
+        -- Cannot overflow: expired takes only rows with retry_count < max_retries.
         retry_count = CASE WHEN t.status = 'RUNNING' THEN t.retry_count + 1 ELSE t.retry_count END,
         error_message = CASE WHEN t.status = 'RUNNING'
                              THEN 'lease of worker ' || coalesce(t.claimed_by, '?') || ' expired'
                              ELSE t.error_message END,
-        attempts = t.attempts + 1,
+        -- Saturates: a count any client may have set to the INTEGER maximum must not
+        -- abort the claim of every other task with it.
+        attempts = CASE WHEN t.attempts < 2147483647 THEN t.attempts + 1
+                        ELSE t.attempts END,
         started_at = now(),
         updated_at = now(),
         slot = (SELECT placed.slot FROM placed WHERE placed.id = t.id)
