@@ -134,11 +134,15 @@ claimed AS (
         claimed_by = %(worker_id)s,
         lease_until = now() + (%(lease_seconds)s * interval '1 second'),
         lease_token = nextval('pgtaskd_lease_token_seq'),
+        -- Cannot overflow: expired takes only rows with retry_count < max_retries.
         retry_count = CASE WHEN t.status = 'RUNNING' THEN t.retry_count + 1 ELSE t.retry_count END,
         error_message = CASE WHEN t.status = 'RUNNING'
                              THEN 'lease of worker ' || coalesce(t.claimed_by, '?') || ' expired'
                              ELSE t.error_message END,
-        attempts = t.attempts + 1,
+        -- Saturates: a count any client may have set to the INTEGER maximum must not
+        -- abort the claim of every other task with it.
+        attempts = CASE WHEN t.attempts < 2147483647 THEN t.attempts + 1
+                        ELSE t.attempts END,
         started_at = now(),
         updated_at = now(),
         slot = NULL
@@ -148,13 +152,9 @@ claimed AS (
 given_back AS (
     UPDATE task_type_slots AS s
     SET task_id = NULL, lease_token = NULL, lease_until = NULL
-    WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
-                                    FROM done
-                                    JOIN task_type_slots AS held
-                                      ON held.task_type = done.task_type
-                                     AND held.slot = done.slot
-                                     AND held.lease_token = done.lease_token
-                                    FOR UPDATE OF held SKIP LOCKED)
+    FROM done
+    WHERE s.task_type = done.task_type AND s.slot = done.slot
+      AND s.lease_token = done.lease_token
 )
 SELECT TRUE AS completed, NULL::text AS id, NULL::text AS name, NULL::text AS task_type,
        NULL::text AS payload, NULL::integer AS priority, NULL::integer AS retry_count,
@@ -182,14 +182,17 @@ WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type
 --   up to %(limit)s of its free slots, locked with SKIP LOCKED: a slot no task holds, whose
 --   lease ran out, or that one of the tasks done completes held. Free by the slot row alone,
 --   so that a slot another claim took since this statement began is skipped by the recheck
---   of the locked row, never counted free from an old snapshot.
+--   of the locked row, never counted free from an old snapshot. It reads done's tokens, so
+--   done has locked (or waited for) its task rows before any slot row is locked: every
+--   statement locks a task's row before its slot's, and none waits in a cycle.
 -- wanted: each type with how many of its tasks this claim may take (cap): %(limit)s, or for a
 --   limited type the free slots it locked; a type with none is left out before its index is
 --   probed, so a full type's backlog neither is read nor crowds out the others.
 -- chosen: each type's first cap of them (n counts within the type, in the seed's order).
 -- placed: each chosen task of a limited type with the slot it takes (its n-th free slot).
 -- taken / given_back: the slots now held by the claims, and the slots of the completed tasks
---   that no claim took over, freed.
+--   that no claim took over, freed. given_back waits for a slot row another statement holds
+--   (a renewal) rather than skip it: a skipped one stayed held by a finished task.
 WITH RECURSIVE
 done AS (
     UPDATE tasks AS t
@@ -222,7 +225,7 @@ free_slots AS MATERIALIZED (
         WHERE s.task_type = l.task_type
           AND s.slot <= l.max_running
           AND (s.task_id IS NULL OR s.lease_until <= now()
-               OR s.lease_token = ANY(%(done_tokens)s::bigint[]))
+               OR s.lease_token = ANY(ARRAY(SELECT done.lease_token FROM done)))
         ORDER BY s.slot
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED) AS free
@@ -318,11 +321,15 @@ claimed AS (
         claimed_by = %(worker_id)s,
         lease_until = now() + (%(lease_seconds)s * interval '1 second'),
         lease_token = nextval('pgtaskd_lease_token_seq'),
+        -- Cannot overflow: expired takes only rows with retry_count < max_retries.
         retry_count = CASE WHEN t.status = 'RUNNING' THEN t.retry_count + 1 ELSE t.retry_count END,
         error_message = CASE WHEN t.status = 'RUNNING'
                              THEN 'lease of worker ' || coalesce(t.claimed_by, '?') || ' expired'
                              ELSE t.error_message END,
-        attempts = t.attempts + 1,
+        -- Saturates: a count any client may have set to the INTEGER maximum must not
+        -- abort the claim of every other task with it.
+        attempts = CASE WHEN t.attempts < 2147483647 THEN t.attempts + 1
+                        ELSE t.attempts END,
         started_at = now(),
         updated_at = now(),
         slot = (SELECT placed.slot FROM placed WHERE placed.id = t.id)
@@ -338,13 +345,9 @@ taken AS (
 given_back AS (
     UPDATE task_type_slots AS s
     SET task_id = NULL, lease_token = NULL, lease_until = NULL
-    WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
-                                    FROM done
-                                    JOIN task_type_slots AS held
-                                      ON held.task_type = done.task_type
-                                     AND held.slot = done.slot
-                                     AND held.lease_token = done.lease_token
-                                    FOR UPDATE OF held SKIP LOCKED)
+    FROM done
+    WHERE s.task_type = done.task_type AND s.slot = done.slot
+      AND s.lease_token = done.lease_token
       AND NOT EXISTS (SELECT 1 FROM placed
                       WHERE placed.task_type = s.task_type AND placed.slot = s.slot)
 )
@@ -375,23 +378,37 @@ WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type
 -- slot: a lease that lapsed and is renewed late, after another claim took the slot, is lost,
 -- so that the limit holds even then. The slot's row is locked and rechecked by this UPDATE,
 -- so a slot taken since this statement began is seen taken.
-WITH slots_renewed AS (
+-- owned: the claims whose tasks are still RUNNING under them, their rows locked first (and
+--   rechecked, so a claim that a cancel or a final write ended meanwhile is left out), as
+--   every final write locks a task's row before its slot's: a renewal never holds a slot row
+--   that a final write waits for while it waits for that write's task row. Only the owned
+--   claims' slots are renewed: a claim that ended keeps no slot.
+WITH owned AS MATERIALIZED (
+    SELECT t.id, t.task_type, t.slot, t.lease_token FROM tasks AS t
+    WHERE t.id = ANY(%(ids)s::text[])
+      AND t.status = 'RUNNING'
+      AND t.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::text[], t.id)]
+      AND t.claimed_by = (%(workers)s::text[])[array_position(%(ids)s::text[], t.id)]
+    FOR UPDATE
+),
+slots_renewed AS (
     UPDATE task_type_slots AS s
     SET lease_until = now() + (%(lease_seconds)s * interval '1 second')
-    WHERE (s.task_type, s.slot) IN (SELECT t.task_type, t.slot FROM tasks AS t
-                                    WHERE t.id = ANY(%(ids)s::text[]) AND t.slot IS NOT NULL)
-      AND s.lease_token = ANY(%(tokens)s::bigint[])
+    FROM owned
+    WHERE s.task_type = owned.task_type AND s.slot = owned.slot
+      AND s.lease_token = owned.lease_token
+      -- Evaluated whole before the first slot row is locked: every owned row is locked then.
+      AND s.lease_token = ANY(ARRAY(SELECT o.lease_token FROM owned AS o
+                                    WHERE o.slot IS NOT NULL))
     RETURNING s.lease_token
 )
 UPDATE tasks AS t
 SET
     lease_until = now() + (%(lease_seconds)s * interval '1 second'),
     updated_at = now()
-WHERE t.id = ANY(%(ids)s::text[])
-  AND t.status = 'RUNNING'
-  AND t.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::text[], t.id)]
-  AND t.claimed_by = (%(workers)s::text[])[array_position(%(ids)s::text[], t.id)]
-  AND (t.slot IS NULL OR t.lease_token IN (SELECT lease_token FROM slots_renewed))
+FROM owned
+WHERE t.id = owned.id
+  AND (owned.slot IS NULL OR owned.lease_token IN (SELECT lease_token FROM slots_renewed))
 RETURNING t.lease_token;
 
 -- name: claim_states
@@ -413,18 +430,15 @@ WITH released AS (
     WHERE t.id = ANY(%(ids)s::text[])
       AND t.status = 'RUNNING'
       AND t.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::text[], t.id)]
-    RETURNING t.id, t.task_type, t.slot
+    RETURNING t.id, t.task_type, t.slot,
+              (%(tokens)s::bigint[])[array_position(%(ids)s::text[], t.id)] AS ended_token
 ),
 given_back AS (
     UPDATE task_type_slots AS s
     SET task_id = NULL, lease_token = NULL, lease_until = NULL
-    WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
-                                    FROM released AS ended
-                                    JOIN task_type_slots AS held
-                                      ON held.task_type = ended.task_type
-                                     AND held.slot = ended.slot
-                                    WHERE held.lease_token = ANY(%(tokens)s::bigint[])
-                                    FOR UPDATE OF held SKIP LOCKED)
+    FROM released AS ended
+    WHERE s.task_type = ended.task_type AND s.slot = ended.slot
+      AND s.lease_token = ended.ended_token
 )
 SELECT id FROM released;
 
@@ -465,13 +479,9 @@ WITH failed AS (
 given_back AS (
     UPDATE task_type_slots AS s
     SET task_id = NULL, lease_token = NULL, lease_until = NULL
-    WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
-                                    FROM failed AS ended
-                                    JOIN task_type_slots AS held
-                                      ON held.task_type = ended.task_type
-                                     AND held.slot = ended.slot
-                                    WHERE held.lease_token = %(token)s
-                                    FOR UPDATE OF held SKIP LOCKED)
+    FROM failed AS ended
+    WHERE s.task_type = ended.task_type AND s.slot = ended.slot
+      AND s.lease_token = %(token)s
 )
 SELECT status, retry_count, retry_delay FROM failed;
 
@@ -508,52 +518,61 @@ WITH rescued AS (
 given_back AS (
     UPDATE task_type_slots AS s
     SET task_id = NULL, lease_token = NULL, lease_until = NULL
-    WHERE (s.task_type, s.slot) IN (SELECT held.task_type, held.slot
-                                    FROM rescued AS ended
-                                    JOIN task_type_slots AS held
-                                      ON held.task_type = ended.task_type
-                                     AND held.slot = ended.slot
-                                    WHERE held.lease_token = %(token)s
-                                    FOR UPDATE OF held SKIP LOCKED)
+    FROM rescued AS ended
+    WHERE s.task_type = ended.task_type AND s.slot = ended.slot
+      AND s.lease_token = %(token)s
 )
 SELECT id, task_type, status, retry_count, retry_delay FROM rescued;
 
 -- name: reap_expired_leases
 -- Tasks whose owner stopped renewing (a worker of any daemon that died or was cut off). Safe
 -- for many daemons at once: SKIP LOCKED splits the batch and the UPDATE re-checks the lease.
+-- The slots (limited types) of the reaped claims are given back: their leases ran out with
+-- the tasks', so they are free already, but a slot row should not name a claim that ended.
 WITH expired AS (
-    SELECT id
+    SELECT id, slot, lease_token
     FROM tasks
     WHERE status = 'RUNNING'
       AND lease_until <= now()
     ORDER BY lease_until
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
+),
+reaped AS (
+    UPDATE tasks AS t
+    SET
+        status = CASE WHEN t.retry_count >= t.max_retries THEN 'FAILED' ELSE 'PENDING' END,
+        retry_count = CASE WHEN t.retry_count >= t.max_retries
+                           THEN t.retry_count ELSE t.retry_count + 1 END,
+        scheduled_time = CASE WHEN t.retry_count >= t.max_retries
+                              THEN t.scheduled_time
+                              ELSE now() + pgtaskd_backoff(t.retry_count, %(base_delay)s,
+                                                           %(max_delay)s, %(jitter)s) END,
+        finished_at = CASE WHEN t.retry_count >= t.max_retries THEN now() ELSE NULL END,
+        error_message = 'lease of worker ' || coalesce(t.claimed_by, '?')
+                        || ' expired: the worker stopped renewing it',
+        claimed_by = NULL,
+        lease_token = NULL,
+        lease_until = NULL,
+        updated_at = now()
+    FROM expired
+    WHERE t.id = expired.id
+      AND t.status = 'RUNNING'
+      AND t.lease_until <= now()
+    RETURNING t.id, t.task_type, t.status, t.retry_count, t.error_message,
+              CASE WHEN t.status = 'PENDING'
+                   THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
+              END AS retry_delay,
+              expired.slot, expired.lease_token AS ended_token
+),
+given_back AS (
+    UPDATE task_type_slots AS s
+    SET task_id = NULL, lease_token = NULL, lease_until = NULL
+    FROM reaped
+    WHERE s.task_type = reaped.task_type AND s.slot = reaped.slot
+      AND s.lease_token = reaped.ended_token
 )
-UPDATE tasks AS t
-SET
-    status = CASE WHEN t.retry_count >= t.max_retries THEN 'FAILED' ELSE 'PENDING' END,
-    retry_count = CASE WHEN t.retry_count >= t.max_retries
-                       THEN t.retry_count ELSE t.retry_count + 1 END,
-    scheduled_time = CASE WHEN t.retry_count >= t.max_retries
-                          THEN t.scheduled_time
-                          ELSE now() + pgtaskd_backoff(t.retry_count, %(base_delay)s,
-                                                       %(max_delay)s, %(jitter)s) END,
-    finished_at = CASE WHEN t.retry_count >= t.max_retries THEN now() ELSE NULL END,
-    error_message = 'lease of worker ' || coalesce(t.claimed_by, '?')
-                    || ' expired: the worker stopped renewing it',
-    claimed_by = NULL,
-    lease_token = NULL,
-    lease_until = NULL,
-    updated_at = now()
-FROM expired
-WHERE t.id = expired.id
-  AND t.status = 'RUNNING'
-  AND t.lease_until <= now()
-RETURNING t.id, t.task_type, t.status, t.retry_count, t.error_message,
-          CASE WHEN t.status = 'PENDING'
-               THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
-          END AS retry_delay;
+SELECT id, task_type, status, retry_count, error_message, retry_delay FROM reaped;
 
 -- name: delete_finished_tasks
 -- Retention: one batch of %(status)s tasks that finished more than %(older_than_seconds)s
@@ -595,17 +614,36 @@ WHERE t.id = ANY(ARRAY(SELECT id FROM doomed))
   AND t.status = %(status)s;
 
 -- name: cancel_task
-UPDATE tasks
-SET
-    status = 'CANCELLED',
-    claimed_by = NULL,
-    lease_token = NULL,
-    lease_until = NULL,
-    finished_at = now(),
-    updated_at = now()
-WHERE id = %(task_id)s
-  AND status IN ('PENDING', 'RUNNING')
-RETURNING id, status;
+-- A cancel ends a running claim: its slot (a limited type) is given back at once, so that
+-- the next task of the type may run now rather than when the lease would have run out.
+-- target reads the claim's token (which the cancel clears) from the row it locks.
+WITH target AS (
+    SELECT id, task_type, slot, lease_token FROM tasks
+    WHERE id = %(task_id)s
+      AND status IN ('PENDING', 'RUNNING')
+    FOR UPDATE
+),
+cancelled AS (
+    UPDATE tasks AS t
+    SET
+        status = 'CANCELLED',
+        claimed_by = NULL,
+        lease_token = NULL,
+        lease_until = NULL,
+        finished_at = now(),
+        updated_at = now()
+    FROM target
+    WHERE t.id = target.id
+    RETURNING t.id, t.status, target.task_type, target.slot, target.lease_token AS ended_token
+),
+given_back AS (
+    UPDATE task_type_slots AS s
+    SET task_id = NULL, lease_token = NULL, lease_until = NULL
+    FROM cancelled
+    WHERE s.task_type = cancelled.task_type AND s.slot = cancelled.slot
+      AND s.lease_token = cancelled.ended_token
+)
+SELECT id, status FROM cancelled;
 
 -- name: get_task
 SELECT * FROM tasks WHERE id = %(task_id)s;

@@ -69,7 +69,8 @@ def _finite_float(text: str) -> float:
 class TimeOrText(TimestamptzLoader):
     """timestamptz as a datetime, or as PostgreSQL's text where a datetime cannot hold it
     ('infinity', a year past 9999 or before 1), which any client may have written: the task
-    is still shown. Python code, so only the queries that show whole rows use it."""
+    is still shown. Python code, so only the queries that show whole rows use it (and the
+    claim, TimeOrNone, whose few rows each carry two times)."""
 
     def load(self, data) -> datetime | str:
         try:
@@ -78,24 +79,41 @@ class TimeOrText(TimestamptzLoader):
             return bytes(data).decode()
 
 
-def _cursor(conn: psycopg.Connection, *, any_time: bool) -> psycopg.Cursor:
+class TimeOrNone(TimestamptzLoader):
+    """timestamptz as a datetime, or None where a datetime cannot hold it: how a claim's
+    times reach the worker. The claim has committed by the time its rows are read, so a time
+    that failed to load (a year past 9999 or before 1, which any client may have written)
+    would orphan every task of the batch; it reaches the handler as an infinite one does."""
+
+    def load(self, data) -> datetime | None:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            return None
+
+
+# How timestamptz columns load: psycopg's loader, or one that keeps any stored time.
+TimeLoader = type[TimestamptzLoader] | None
+
+
+def _cursor(conn: psycopg.Connection, *, times: TimeLoader) -> psycopg.Cursor:
     cur = conn.cursor(row_factory=dict_row)
     set_json_loads(read_json, cur)
-    if any_time:
-        cur.adapters.register_loader("timestamptz", TimeOrText)
+    if times is not None:
+        cur.adapters.register_loader("timestamptz", times)
     return cur
 
 
 def _one(conn: psycopg.Connection, name: str, params: dict[str, Any], *,
-         any_time: bool = False) -> dict | None:
-    with _cursor(conn, any_time=any_time) as cur:
+         times: TimeLoader = None) -> dict | None:
+    with _cursor(conn, times=times) as cur:
         cur.execute(QUERIES[name], params)
         return cur.fetchone()
 
 
 def _all(conn: psycopg.Connection, name: str, params: dict[str, Any], *,
-         any_time: bool = False) -> list[dict]:
-    with _cursor(conn, any_time=any_time) as cur:
+         times: TimeLoader = None) -> list[dict]:
+    with _cursor(conn, times=times) as cur:
         cur.execute(QUERIES[name], params)
         return cur.fetchall()
 
@@ -145,7 +163,8 @@ def complete_and_claim(conn, completions: Sequence[Claim], *, worker_id: str,
 
 
 def _complete_and_claim(conn, limited: bool, params: dict) -> tuple[set[int], list[dict], bool]:
-    rows = _all(conn, "complete_and_claim_limited" if limited else "complete_and_claim", params)
+    rows = _all(conn, "complete_and_claim_limited" if limited else "complete_and_claim", params,
+                times=TimeOrNone)
     landed = {row["lease_token"] for row in rows if row["completed"]}
     claimed = sorted((row for row in rows if row["completed"] is False),
                      key=lambda r: r["position"])
@@ -255,7 +274,7 @@ def cancel_task(conn, task_id: str) -> bool:
 
 
 def get_task(conn, task_id: str) -> dict | None:
-    return _one(conn, "get_task", {"task_id": task_id}, any_time=True)
+    return _one(conn, "get_task", {"task_id": task_id}, times=TimeOrText)
 
 
 def task_status(conn, task_id: str) -> dict | None:
@@ -404,7 +423,7 @@ def list_limits(conn) -> list[dict]:
 
 def list_tasks(conn, *, status: str | None, task_type: str | None, limit: int) -> list[dict]:
     return _all(conn, "list_tasks", {"status": status, "task_type": task_type, "limit": limit},
-                any_time=True)
+                times=TimeOrText)
 
 
 def count_by_type_and_status(conn) -> list[dict]:

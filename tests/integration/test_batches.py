@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from conftest import make_config, wait_until
 from supervisor.db import store
 from worker_fixtures import add_task, looping, task_row
@@ -108,3 +110,27 @@ def test_a_task_cancelled_while_it_waits_in_a_batch_never_runs(conn, db_dsn, mak
     assert task_row(conn, "waiting")["status"] == "CANCELLED"
     assert run_order(conn) == []
     assert events.of("task_cancelled")
+
+
+@pytest.mark.parametrize("column, moment", [("created_at", "20000-01-01 00:00Z"),
+                                            ("scheduled_time", "0100-01-01 00:00Z BC")])
+def test_a_time_python_cannot_hold_costs_neither_its_task_nor_its_batch(conn, make_worker,
+                                                                       column, moment):
+    seen = {}
+
+    def remember(task):
+        seen[task.id] = (task.scheduled_time, task.created_at)
+
+    worker = make_worker(handlers={"echo": remember}, batch_size=3)
+    for task_id in ("first", "odd", "last"):
+        add_task(conn, task_id)
+    conn.execute(f"UPDATE tasks SET {column} = %s WHERE id = 'odd'", (moment,))
+
+    worker.run_once()
+
+    assert {t: task_row(conn, t)["status"] for t in seen} == dict.fromkeys(
+        ["first", "odd", "last"], "COMPLETED")
+    assert all(task_row(conn, t)["attempts"] == 1 for t in seen)
+    # As an infinite time does, it reaches the handler as None; the others as they are.
+    assert seen["odd"][("scheduled_time", "created_at").index(column)] is None
+    assert all(None not in seen[t] for t in ("first", "last"))

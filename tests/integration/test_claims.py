@@ -8,6 +8,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
+from supervisor.config import RetryConfig
 from supervisor.db import store
 from worker_fixtures import add_task, task_row
 
@@ -193,3 +194,43 @@ def test_claim_takes_only_due_tasks_of_the_given_types(conn):
 
 def _db_now(conn):
     return conn.execute("SELECT now()").fetchone()[0]
+
+
+INT_MAX, INT_MIN = 2**31 - 1, -2**31
+NO_BACKOFF = RetryConfig(base_delay=0, max_delay=0, jitter=0)
+
+
+@pytest.mark.parametrize("column, value", [
+    ("attempts", INT_MAX), ("attempts", INT_MIN), ("retry_count", INT_MAX),
+    ("max_retries", INT_MAX), ("priority", INT_MAX), ("priority", INT_MIN)])
+def test_no_integer_a_client_can_store_aborts_the_statements_that_serve_other_tasks(
+        conn, db_dsn, column, value):
+    add_task(conn, "bad")
+    add_task(conn, "good")
+    conn.execute(f"UPDATE tasks SET {column} = %s WHERE id = 'bad'", (value,))
+
+    def claimed_by(worker: str) -> dict[str, dict]:
+        # A new connection's first claim runs complete_and_claim_limited, its next ones
+        # (no limit binds echo) complete_and_claim: both statements are exercised.
+        rows = store.claim_tasks(own, worker_id=worker, task_types=["echo"],
+                                 lease_seconds=30, limit=5)
+        return {row["id"]: row for row in rows}
+
+    with psycopg.connect(db_dsn, autocommit=True) as own:
+        first = claimed_by("w1")
+        assert set(first) == {"bad", "good"}
+        conn.execute("UPDATE tasks SET lease_until = now() - interval '1 second'")
+        # The takeover of expired leases; bad's retries may be spent, left to the reaper.
+        taken = claimed_by("w2")
+        assert "good" in taken
+        if "bad" in taken:
+            assert store.fail_attempt(own, store.Claim("bad", "w2", taken["bad"]["lease_token"]),
+                                      error="boom", permanent=False, retry=NO_BACKOFF)
+            assert store.rescue_task(own, "good", taken["good"]["lease_token"],
+                                     error="child died", retry=NO_BACKOFF)
+        conn.execute("UPDATE tasks SET status = 'RUNNING', claimed_by = 'w3', "
+                     "lease_until = now() - interval '1 second'")
+        reaped = store.reap_expired_leases(own, batch_size=10, retry=NO_BACKOFF)
+        assert {row["id"] for row in reaped} == {"bad", "good"}
+        if column == "attempts" and value == INT_MAX:
+            assert task_row(conn, "bad")["attempts"] == INT_MAX, "counting saturates"

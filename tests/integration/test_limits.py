@@ -4,6 +4,7 @@ every way out of a run gives its slot back, and a slot whose lease ran out is fr
 
 from __future__ import annotations
 
+import collections
 import threading
 
 import psycopg
@@ -111,7 +112,7 @@ def test_a_completion_gives_its_slot_to_the_next_claim_in_the_same_statement(cli
     assert ids(claim(conn, "echo")) == ["t2"]
 
 
-@pytest.mark.parametrize("way_out", ["fail", "fail_permanently", "release", "rescue"])
+@pytest.mark.parametrize("way_out", ["fail", "fail_permanently", "release", "rescue", "cancel"])
 def test_every_end_of_a_run_gives_its_slot_back(client, conn, way_out):
     client.set_limit("echo", 1)
     add_task(conn, "t0")
@@ -123,11 +124,106 @@ def test_every_end_of_a_run_gives_its_slot_back(client, conn, way_out):
                            retry=NO_BACKOFF)
     elif way_out == "release":
         assert store.release_tasks(conn, [(row["id"], row["lease_token"])]) == {"t0"}
-    else:
+    elif way_out == "rescue":
         assert store.rescue_task(conn, "t0", row["lease_token"], error="child died",
                                  retry=NO_BACKOFF) is not None
+    else:
+        client.cancel("t0")
+    assert held_slots(conn) == []
+    # The supervisor's next renewal, which had the claim in its list, takes nothing back.
+    assert store.renew_leases(conn, [as_claim(row)], lease_seconds=30) == set()
     assert held_slots(conn) == []
     assert len(claim(conn, "echo")) == 1
+
+
+def test_a_renewal_extends_no_slot_of_a_claim_that_ended(client, conn):
+    """Whatever ended the claim (here an operator's UPDATE, which frees no slot), a renewal
+    keeps the slot only for a task still RUNNING under the claim's token."""
+    client.set_limit("echo", 1)
+    add_task(conn, "t0")
+    (row,) = claim(conn, "echo", lease=5)
+    conn.execute("UPDATE tasks SET status = 'COMPLETED', claimed_by = NULL WHERE id = 't0'")
+    (before,) = conn.execute("SELECT lease_until FROM task_type_slots").fetchone()
+    assert store.renew_leases(conn, [as_claim(row)], lease_seconds=30) == set()
+    assert conn.execute("SELECT lease_until FROM task_type_slots").fetchone()[0] == before
+
+
+def _end(conn, way_out: str, row: dict) -> None:
+    claim_ = as_claim(row)
+    if way_out == "complete":
+        store.complete_tasks(conn, [claim_])
+    elif way_out == "complete_and_claim":
+        store.complete_and_claim(conn, [claim_], worker_id="w", task_types=["record"],
+                                 lease_seconds=30, limit=1)
+    elif way_out == "fail":
+        store.fail_attempt(conn, claim_, error="boom", permanent=False, retry=NO_BACKOFF)
+    elif way_out == "release":
+        store.release_tasks(conn, [(row["id"], row["lease_token"])])
+    elif way_out == "rescue":
+        store.rescue_task(conn, row["id"], row["lease_token"], error="died", retry=NO_BACKOFF)
+    else:
+        store.cancel_task(conn, row["id"])
+
+
+def test_an_end_racing_a_renewal_always_gives_the_slot_back(client, db_dsn, conn):
+    """Each round, one connection ends a claim while another renews it at the same moment:
+    the end must free the slot even when the renewal holds the slot's row, and the renewal
+    must not keep it for the ended claim; neither may deadlock the other."""
+    ways_out = ["complete", "complete_and_claim", "fail", "release", "rescue", "cancel"]
+    rounds, others = 60 * len(ways_out), 40
+    # A place for every round, so that a leaked slot shows as a leak, not as a full limit.
+    client.set_limit("echo", rounds + others)
+    for n in range(others):
+        add_task(conn, f"other{n}", priority=1)
+    # Renewed with each round's claim, as the supervisor renews all its children's claims
+    # at once: the renewal holds slot rows for longer, as it does in a busy daemon.
+    renewed_too = [as_claim(row) for row in claim(conn, "echo", limit=others)]
+    for n in range(rounds):
+        add_task(conn, f"t{n}")
+    start = threading.Barrier(2, timeout=30)
+    errors: list[BaseException] = []
+    current: list[dict] = []
+
+    def renewer() -> None:
+        with psycopg.connect(db_dsn, autocommit=True) as own:
+            for _ in range(rounds):
+                start.wait()
+                try:
+                    store.renew_leases(own, [*renewed_too, as_claim(current[-1])],
+                                       lease_seconds=30)
+                except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                    errors.append(exc)
+                start.wait()
+
+    def rounds_of_ends() -> None:
+        with psycopg.connect(db_dsn, autocommit=True) as ender:
+            for n in range(rounds):
+                (row,) = claim(ender, "echo", limit=1)
+                current.append(row)
+                start.wait()
+                _end(ender, ways_out[n % len(ways_out)], row)
+                start.wait()
+                leaks.update(conn.execute(
+                    "SELECT s.task_id, t.status FROM task_type_slots AS s JOIN tasks AS t "
+                    "ON t.id = s.task_id WHERE s.lease_until > now() "
+                    "AND (t.status <> 'RUNNING' OR t.lease_token <> s.lease_token)"
+                ).fetchall())
+                # Back to PENDING (a failure, a release): not run again, so that each round
+                # claims a task of its own.
+                conn.execute("UPDATE tasks SET status = 'COMPLETED' "
+                             "WHERE id = %s AND status = 'PENDING'", (row["id"],))
+
+    leaks: set[tuple] = set()
+    thread = threading.Thread(target=renewer)
+    thread.start()
+    try:
+        rounds_of_ends()
+    finally:
+        start.abort()
+        thread.join(30)
+    assert not errors, errors[:3]
+    by_status = collections.Counter(status for _, status in leaks)
+    assert not leaks, f"of {rounds} ended claims these kept their slot: {dict(by_status)}"
 
 
 def test_a_slot_whose_lease_ran_out_is_free_and_its_late_renewal_is_lost(client, conn):
