@@ -6,7 +6,7 @@ import resource
 
 import pytest
 
-from supervisor import limits as limits_module
+from supervisor.daemon import open_files as limits_module
 from supervisor.daemon.open_files import MAX_OPEN_FILES, raise_open_files_limit
 
 INF = resource.RLIM_INFINITY
