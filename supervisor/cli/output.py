@@ -10,7 +10,7 @@ import json
 import re
 from datetime import datetime, timezone
 
-from ..db.store import StoredJson
+from ..db.loaders import StoredJson
 
 
 def print_json(value) -> None:

@@ -10,7 +10,7 @@ import sys
 
 from ..client import STATUSES, Client, TaskNotFound, TaskStateError
 from ..config import Config
-from ..db.store import StoredJson
+from ..db.loaders import StoredJson
 from ..errors import EXIT_FAILURE, EXIT_OK, quote
 from .operator_input import arguments_named, read_payload
 from .output import human_time, print_json, printable, render_table, shown

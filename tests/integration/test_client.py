@@ -16,7 +16,7 @@ import pytest
 from conftest import make_config, scratch_database
 from supervisor import Client
 from supervisor.client import SubmittedId
-from supervisor.db import store
+from supervisor.db import loaders, store
 from supervisor.errors import OperationalError, UsageError
 from worker_fixtures import add_task, task_row
 
@@ -363,6 +363,6 @@ def test_a_payload_python_cannot_read_comes_back_as_its_stored_text(db_dsn, conn
     with Client(db_dsn) as client:
         payload = client.get("huge")["payload"]
         listed = client.list()
-    assert isinstance(payload, store.StoredJson) and payload == stored
+    assert isinstance(payload, loaders.StoredJson) and payload == stored
     assert "4300 digits" in payload.reason
     assert [(task["id"], task["payload"]) for task in listed] == [("huge", stored)]
