@@ -4,6 +4,8 @@ expired leases included; resuming wakes idle workers with the triggers' notifica
 from __future__ import annotations
 
 import json
+import statistics
+import time
 
 import psycopg
 import pytest
@@ -169,3 +171,46 @@ def test_bad_task_types_are_refused_before_anything_is_written(client, call, tas
 def test_a_long_paused_by_is_refused(client):
     with pytest.raises(UsageError, match="paused_by: longer than 200"):
         client.pause("echo", paused_by="x" * 201)
+
+
+def median_seconds(call, runs: int = 5) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.monotonic()
+        call()
+        times.append(time.monotonic() - started)
+    return statistics.median(times)
+
+
+def test_health_and_stats_cost_no_more_than_linear_in_paused_types(client, conn):
+    """15.14: every due task was compared with every paused type (30,000 pauses, 20,000 due
+    tasks: 21 s a health check, `stats` past 60 s). Here 3,000 pauses against 30, the same
+    2,000 due tasks: a linear check costs about the same, a quadratic one about 100 times."""
+    conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) "
+                 "SELECT 'due' || g, 'n', 'type' || g, now() - interval '1 hour' "
+                 "- g * interval '1 second' FROM generate_series(1, 2000) g")
+    conn.execute("ANALYZE tasks")
+
+    def check():
+        return store.queue_health(conn, max_pending_age=300, lease_grace=15)
+
+    def pause(first: int, last: int) -> None:
+        conn.execute("INSERT INTO task_type_pauses (task_type, paused_by) "
+                     "SELECT 'type' || g, 't' FROM generate_series(%s::int, %s::int) g",
+                     (first, last))
+        conn.execute("ANALYZE task_type_pauses")
+
+    pause(1, 30)
+    base_check, base_stats = median_seconds(check), median_seconds(client.stats)
+    health = check()
+    assert (health["due_pending"], health["paused_due"], health["old_pending"]) == (1970, 30, 1970)
+    pause(31, 3000)
+    many_check, many_stats = median_seconds(check), median_seconds(client.stats)
+    print(f"\nhealth check {base_check * 1000:.1f} ms with 30 pauses, {many_check * 1000:.1f} ms "
+          f"with 3,000; stats {base_stats * 1000:.1f} ms, {many_stats * 1000:.1f} ms")
+    health = check()
+    assert (health["due_pending"], health["paused_due"], health["old_pending"]) == (0, 2000, 0)
+    assert health["oldest_pending_age"] is None and len(health["paused_types"]) == 3000
+    # The pauses themselves are 3,000 rows to read (and stats lists each one): a few ms.
+    assert many_check < 3 * base_check + 0.03, (base_check, many_check)
+    assert many_stats < 3 * base_stats + 0.1, (base_stats, many_stats)
