@@ -665,8 +665,10 @@ RETURNING id;
 -- every few seconds: counting 1,220,000 PENDING tasks took 226 ms; comparing each due task
 -- with each of 30,000 paused types, 21 s).
 -- It reads the oldest due tasks, at most cap + 1 of them (head), and marks each paused or not
--- with one join to task_type_pauses (a hash or a key lookup per task, never a scan of every
--- pause per task). head_full: the due tasks did not all fit, so the counts are lower bounds
+-- with a lookup in task_type_pauses (hashed, or by its key: never a scan of every pause per
+-- task). With no pause at all, the common case, head reads the due index alone (a branch
+-- that needs no task_type, so no table row), and looks nothing up.
+-- head_full: the due tasks did not all fit, so due_pending and paused_due are lower bounds
 -- (the caller says "at least"); old_pending is exact unless every task in head is old.
 -- oldest_pending_age is the oldest task in head that is not paused, exact because head holds
 -- the oldest due tasks; only when head is full and all paused does a second probe read on,
@@ -674,25 +676,28 @@ RETURNING id;
 -- no due task of a type not paused waits. A client may schedule a task at -infinity: its
 -- wait counts from year 1, so the age stays a number (JSON has no Infinity) and still far
 -- past any max_pending_age. paused_types lists the paused types, in order.
-WITH head AS MATERIALIZED (
-    SELECT t.task_type, t.scheduled_time
-    FROM tasks AS t
-    WHERE t.status = 'PENDING' AND t.scheduled_time <= now()
-    ORDER BY t.scheduled_time
-    LIMIT %(cap)s + 1
+WITH any_paused AS MATERIALIZED (
+    SELECT EXISTS (SELECT FROM task_type_pauses) AS yes
 ),
--- With no pause at all (the common case) the lookups are skipped, not run per task.
 marked AS MATERIALIZED (
-    SELECT head.scheduled_time,
-           CASE WHEN (SELECT EXISTS (SELECT FROM task_type_pauses))
-                THEN EXISTS (SELECT FROM task_type_pauses AS p
-                              WHERE p.task_type = head.task_type)
-                ELSE false
-           END AS paused
-    FROM head
+    (SELECT t.scheduled_time, false AS paused
+       FROM tasks AS t
+      WHERE t.status = 'PENDING' AND t.scheduled_time <= now()
+        AND NOT (SELECT yes FROM any_paused)
+      ORDER BY t.scheduled_time
+      LIMIT %(cap)s + 1)
+    UNION ALL
+    (SELECT t.scheduled_time,
+            EXISTS (SELECT FROM task_type_pauses AS p WHERE p.task_type = t.task_type)
+       FROM tasks AS t
+      WHERE t.status = 'PENDING' AND t.scheduled_time <= now()
+        AND (SELECT yes FROM any_paused)
+      ORDER BY t.scheduled_time
+      LIMIT %(cap)s + 1)
 ),
 summary AS MATERIALIZED (
     SELECT count(*) > %(cap)s AS head_full,
+           count(*) > %(cap)s AND (SELECT yes FROM any_paused) AS paused_at_least,
            count(*) FILTER (WHERE NOT paused) AS due_pending,
            count(*) FILTER (WHERE paused) AS paused_due,
            count(*) FILTER (WHERE NOT paused AND scheduled_time
@@ -717,6 +722,12 @@ oldest AS MATERIALIZED (
            END AS oldest
     FROM summary
 ),
+oldest_age AS (
+    SELECT oldest.oldest,
+           coalesce(oldest.oldest <= now() - (%(max_pending_age)s * interval '1 second'), false)
+               AS is_old
+    FROM oldest
+),
 leases AS (
     SELECT count(*) AS expired,
            count(*) FILTER (WHERE stuck) AS stuck
@@ -730,11 +741,13 @@ SELECT
     summary.due_pending,
     summary.paused_due,
     -- An old task of a type not paused found past a full head of paused ones counts 1.
-    CASE WHEN summary.old_in_head = 0 AND summary.head_full
-              AND oldest.oldest <= now() - (%(max_pending_age)s * interval '1 second')
-         THEN 1 ELSE summary.old_in_head END AS old_pending,
+    CASE WHEN summary.old_in_head = 0 AND oldest.is_old THEN 1
+         ELSE summary.old_in_head END AS old_pending,
     summary.head_full,
-    summary.head_full AND coalesce(summary.all_old, false) AS old_pending_at_least,
+    summary.paused_at_least,
+    -- More old tasks may follow head only if all of it is old, and some counted.
+    summary.head_full AND coalesce(summary.all_old, false)
+        AND (summary.old_in_head > 0 OR oldest.is_old) AS old_pending_at_least,
     leases.expired AS expired_leases,
     leases.stuck AS stuck_leases,
     leases.expired > %(cap)s AS leases_at_least,
@@ -743,7 +756,7 @@ SELECT
     END AS oldest_pending_age,
     (SELECT coalesce(array_agg(p.task_type ORDER BY p.task_type), '{}')
        FROM task_type_pauses AS p) AS paused_types
-FROM summary CROSS JOIN oldest CROSS JOIN leases;
+FROM summary CROSS JOIN oldest_age AS oldest CROSS JOIN leases;
 
 -- name: count_by_status
 -- Exact, and it reads every row: for tools and tests. The daemon's health check uses

@@ -8,7 +8,7 @@ Tasks of a paused type wait because an operator said so: they never fail the pen
 check. The report lists the paused types and counts their due tasks apart.
 
 Its cost stays flat however many tasks the table holds and however many types are paused
-(db/queue_figures.py): counts stop past 10,000 and large totals are the statistics'
+(db/queue_figures.py): counts stop past 1,000 and large totals are the statistics'
 estimates; ``not_exact`` in the JSON names every figure that is not exact.
 """
 
@@ -21,7 +21,7 @@ from typing import Callable
 
 from ..config import FINISHED_STATUSES
 from ..db import store
-from ..db.queue_figures import AT_LEAST
+from ..db.queue_figures import AT_LEAST, HEALTH_COUNT_CAP
 from ..errors import one_line
 from .service import PeriodicService
 
@@ -133,8 +133,8 @@ class HealthChecker(PeriodicService):
     def run_once(self) -> HealthReport:
         conn = self.connection()
         queue = store.queue_health(conn, max_pending_age=self.max_pending_age,
-                                   lease_grace=self.lease_grace)
-        live = store.live_counts(conn)
+                                   lease_grace=self.lease_grace, cap=HEALTH_COUNT_CAP)
+        live = store.live_counts(conn, cap=HEALTH_COUNT_CAP)
         limits = {row["task_type"]: (row["max_running"], row["running"])
                   for row in store.list_limits(conn)}
         not_exact = {f"tasks_by_status.{status}": kind for status, kind in live.not_exact.items()}

@@ -214,3 +214,40 @@ def test_health_and_stats_cost_no_more_than_linear_in_paused_types(client, conn)
     # The pauses themselves are 3,000 rows to read (and stats lists each one): a few ms.
     assert many_check < 3 * base_check + 0.03, (base_check, many_check)
     assert many_stats < 3 * base_stats + 0.1, (base_stats, many_stats)
+
+
+def test_health_counts_past_the_cap_are_lower_bounds_and_the_age_stays_exact(client, conn):
+    """With the oldest due tasks all paused and more of them than the cap, the check still
+    finds the oldest task it must age (past them), and says which counts stopped."""
+    conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) "
+                 "SELECT 'echo' || g, 'n', 'echo', now() - interval '2 hours' - g * interval '1 s' "
+                 "FROM generate_series(1, 8) g")
+    conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) "
+                 "SELECT 'old-record' || g, 'n', 'record', now() - interval '1 hour' "
+                 "- g * interval '1 s' FROM generate_series(1, 3) g")
+    conn.execute("INSERT INTO tasks (id, name, task_type) VALUES ('new-1', 'n', 'record'), "
+                 "('new-2', 'n', 'record')")
+
+    def check(cap):
+        return store.queue_health(conn, max_pending_age=300, lease_grace=15, cap=cap)
+
+    client.pause("echo")
+    exact = check(20)
+    assert (exact["due_pending"], exact["paused_due"], exact["old_pending"]) == (5, 8, 3)
+    assert exact["not_exact"] == {}
+    capped = check(5)
+    assert 3603 <= capped["oldest_pending_age"] < 3700, "the oldest record task, past echo's"
+    assert (capped["due_pending"], capped["paused_due"], capped["old_pending"]) == (0, 6, 1)
+    assert capped["not_exact"] == {"due_pending": "at_least", "paused_due": "at_least",
+                                   "old_pending": "at_least"}
+    client.pause("record")
+    none_left = check(5)
+    assert none_left["oldest_pending_age"] is None and none_left["old_pending"] == 0
+    assert none_left["not_exact"] == {"due_pending": "at_least", "paused_due": "at_least"}
+    client.resume("echo")
+    client.resume("record")
+    unpaused = check(5)
+    assert 7208 <= unpaused["oldest_pending_age"] < 7300
+    assert (unpaused["due_pending"], unpaused["paused_due"], unpaused["old_pending"]) == (6, 0, 6)
+    assert unpaused["not_exact"] == {"due_pending": "at_least", "old_pending": "at_least"}, \
+        "with nothing paused, nothing paused is due: exactly"
