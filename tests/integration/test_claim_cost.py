@@ -280,6 +280,7 @@ def test_the_health_check_reads_no_more_with_a_large_pending_backlog(db_dsn, con
     """14.8: with 1.22M PENDING tasks every daemon's check counted all of them (due and
     future) every 5 s, 226 ms each. Past a cap, the counts stop and the statistics estimate."""
     from supervisor.maintenance.health import ChildrenStatus, HealthChecker
+    from supervisor.maintenance.http import QueueCollector
 
     checker = HealthChecker(db_dsn, interval=5, max_pending_age=300, lease_grace=15,
                             children=lambda: ChildrenStatus(1, 1))
@@ -300,6 +301,10 @@ def test_the_health_check_reads_no_more_with_a_large_pending_backlog(db_dsn, con
         assert abs(body["tasks_by_status"]["PENDING"] - (4 * SKEW + 50)) < 0.2 * 4 * SKEW
         assert body["tasks_by_status"]["RUNNING"] == 0 and "tasks_by_status.RUNNING" \
             not in body["not_exact"]
+        gauges = {family.name: family for family in QueueCollector(checker).collect()}
+        estimated = {sample.labels["status"]: sample.value
+                     for sample in gauges["pgtaskd_tasks_estimated"].samples}
+        assert (estimated["PENDING"], estimated["RUNNING"]) == (1, 0)
     finally:
         checker._close()
 
