@@ -143,9 +143,9 @@ def cmd_stats(args, config: Config) -> int:
         print_json(stats)
         return EXIT_OK
     not_exact = stats["not_exact"]
-    counts = ", ".join(f"{status} "
-                       f"{shown_figure(stats['by_status'][status], not_exact.get(f'by_status.{status}'))}"
-                       for status in STATUSES)
+    counts = ", ".join(
+        f"{status} {shown_figure(stats['by_status'][status], not_exact.get('by_status.' + status))}"
+        for status in STATUSES)
     print(f"tasks: {shown_figure(stats['total'], not_exact.get('total'))} ({counts})")
     age = stats["oldest_pending_age"]
     waiting = f", the oldest waiting {age:.1f} s" if age is not None else ""

@@ -68,11 +68,11 @@ class HealthReport:
         if not self.database_ok:
             failing["database"] = f"cannot reach PostgreSQL: {self.database_error}"
         if self.old_pending:
-            failing["pending_age"] = (f"{self._figure('checks.pending_age.old_pending', self.old_pending)}"
-                                      " due tasks waited too long")
+            old = self._figure("checks.pending_age.old_pending", self.old_pending)
+            failing["pending_age"] = f"{old} due tasks waited too long"
         if self.stuck_leases:
-            failing["expired_leases"] = (f"{self._figure('checks.expired_leases.unreaped', self.stuck_leases)}"
-                                         " expired leases not reaped")
+            stuck = self._figure("checks.expired_leases.unreaped", self.stuck_leases)
+            failing["expired_leases"] = f"{stuck} expired leases not reaped"
         if self.children.live < self.children.expected:
             failing["children"] = f"{self.children.live} of {self.children.expected} workers live"
         if self.children.fused_pools:
@@ -138,8 +138,8 @@ class HealthChecker(PeriodicService):
         limits = {row["task_type"]: (row["max_running"], row["running"])
                   for row in store.list_limits(conn)}
         not_exact = {f"tasks_by_status.{status}": kind for status, kind in live.not_exact.items()}
-        not_exact.update({QUEUE_FIGURES[figure]: kind
-                          for figure, kind in queue["not_exact"].items() if figure in QUEUE_FIGURES})
+        not_exact.update({QUEUE_FIGURES[figure]: kind for figure, kind
+                          in queue["not_exact"].items() if figure in QUEUE_FIGURES})
         report = HealthReport(
             database_ok=True, old_pending=queue["old_pending"],
             expired_leases=queue["expired_leases"], stuck_leases=queue["stuck_leases"],

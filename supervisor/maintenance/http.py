@@ -30,7 +30,8 @@ class QueueCollector:
 
     def collect(self):
         report = self.health.latest()
-        tasks = GaugeMetricFamily("pgtaskd_tasks", "Tasks in the table, by status", labels=["status"])
+        tasks = GaugeMetricFamily("pgtaskd_tasks", "Tasks in the table, by status (where "
+                                  "pgtaskd_tasks_estimated is 1, an estimate)", labels=["status"])
         for status in STATUSES:
             tasks.add_metric([status], report.tasks_by_status.get(status, 0))
         yield tasks
