@@ -11,6 +11,7 @@ import sys
 from ..client import STATUSES, Client, TaskNotFound, TaskStateError
 from ..config import Config
 from ..db.loaders import StoredJson
+from ..db.queue_figures import COUNT_CAP
 from ..errors import EXIT_FAILURE, EXIT_OK, quote
 from .operator_input import arguments_named, read_payload
 from .output import human_time, print_json, printable, render_table, shown
@@ -125,31 +126,53 @@ def cmd_list(args, config: Config) -> int:
     return EXIT_OK
 
 
+def shown_figure(value: int, kind: str | None) -> str:
+    """A count as stats prints it: "about N" for an estimate, "more than N" for a count that
+    stopped past N (its figure is N + 1)."""
+    if kind == "estimate":
+        return f"about {value}"
+    if kind == "at_least":
+        return f"more than {value - 1}"
+    return str(value)
+
+
 def cmd_stats(args, config: Config) -> int:
     with Client.from_config(config) as client:
         stats = client.stats()
     if args.json:
         print_json(stats)
         return EXIT_OK
-    counts = ", ".join(f"{status} {stats['by_status'][status]}" for status in STATUSES)
-    print(f"tasks: {stats['total']} ({counts})")
+    not_exact = stats["not_exact"]
+    counts = ", ".join(
+        f"{status} {shown_figure(stats['by_status'][status], not_exact.get('by_status.' + status))}"
+        for status in STATUSES)
+    print(f"tasks: {shown_figure(stats['total'], not_exact.get('total'))} ({counts})")
     age = stats["oldest_pending_age"]
     waiting = f", the oldest waiting {age:.1f} s" if age is not None else ""
-    print(f"due pending: {stats['due_pending']}{waiting}")
-    print(f"expired leases: {stats['expired_leases']}")
+    print(f"due pending: {shown_figure(stats['due_pending'], not_exact.get('due_pending'))}"
+          f"{waiting}")
+    print(f"expired leases: "
+          f"{shown_figure(stats['expired_leases'], not_exact.get('expired_leases'))}")
     for pause in stats["paused_types"]:
         due = pause["due_pending"]
+        shown = shown_figure(due, "at_least" if pause["due_pending_at_least"] else None)
         print(f"paused: {printable(pause['task_type'])} since {human_time(pause['paused_at'])} "
               f"by {printable(pause['paused_by'] or '?')} "
-              f"({due} due task{'' if due == 1 else 's'} waiting)")
+              f"({shown} due task{'' if due == 1 else 's'} waiting)")
     for limit in stats["limits"]:
         print(f"limited: {printable(limit['task_type'])} to {limit['max_running']} at once "
               f"({limit['running']} running)")
     if stats["by_type"]:
         print()
+        if "by_type" in not_exact:
+            print(f"by type: estimated from a sample of the table (RUNNING, and PENDING up "
+                  f"to {COUNT_CAP}, counted)")
         print(render_table(
             ["TYPE", *STATUSES, "TOTAL"],
             [[task_type, *(str(by_status[s]) for s in STATUSES), str(sum(by_status.values()))]
              for task_type, by_status in stats["by_type"].items()],
             right_aligned={*STATUSES, "TOTAL"}))
+    if not_exact:
+        print()
+        print("about: the statistics' or a sample's estimate; more than N: counting stopped")
     return EXIT_OK

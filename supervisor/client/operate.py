@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..config import MAX_LIMIT, ScheduleConfig
-from ..db import store
+from ..db import queue_figures, store
 from ..errors import OperationalError, UsageError, quote
 from ..task_fields import (MAX_PAUSED_BY_LENGTH, MAX_TASK_TYPE_LENGTH, check_int, check_label,
                            check_text)
@@ -77,6 +77,11 @@ def _key_held_elsewhere(conn, task_id: str) -> str | None:
             f"finished")
 
 
+def _marked(pauses: list[dict]) -> list[dict]:
+    for pause in pauses:
+        pause["due_pending_at_least"] = pause["due_pending"] > queue_figures.COUNT_CAP
+    return pauses
+
 
 class Operating:
     """The client's calls on tasks that exist; ``ClientConnection`` provides the connection."""
@@ -137,10 +142,11 @@ class Operating:
             return store.resume_task_type(conn, task_type) is not None
 
     def paused(self) -> list[dict[str, Any]]:
-        """The paused task types: ``{"task_type", "paused_at", "paused_by", "due_pending"}``
-        each (due_pending: its due tasks, which wait for a resume), by type."""
+        """The paused task types: ``{"task_type", "paused_at", "paused_by", "due_pending",
+        "due_pending_at_least"}`` each (due_pending: its due tasks, which wait for a resume;
+        counting stops past 10,000, and then due_pending_at_least is true), by type."""
         with self._database() as conn:
-            return store.list_pauses(conn)
+            return _marked(store.list_pauses(conn, cap=queue_figures.COUNT_CAP))
 
     def set_limit(self, task_type: str, max_running: int, *,
                   set_by: str | None = None) -> dict[str, Any]:
@@ -194,27 +200,34 @@ class Operating:
         ``{"total": int, "by_status": {status: n}, "by_type": {type: {status: n}},
         "due_pending": int, "oldest_pending_age": seconds or None, "expired_leases": int,
         "paused_due_pending": int, "paused_types": [as in paused()], "limits": [as in
-        limits()]}``; every status appears in each count, zero or not. Due tasks of paused
-        types are counted in paused_due_pending only: due_pending and oldest_pending_age are
-        about the tasks that workers may take.
+        limits()], "not_exact": {figure: "estimate" or "at_least"}}``; every status appears
+        in each count, zero or not. Due tasks of paused types are counted in
+        paused_due_pending only: due_pending and oldest_pending_age are about the tasks that
+        workers may take.
+
+        What it costs does not grow with the table: counts stop past 10,000 and a table of
+        200,000 rows or more is estimated from the statistics and a sample. ``not_exact``
+        names each figure that is not exact (``"by_status.COMPLETED"``, ``"by_type"``,
+        ``"due_pending"``, ...): ``"estimate"``, or ``"at_least"`` for a count that stopped,
+        whose figure is a lower bound. Empty: every figure is exact. A paused type's
+        ``due_pending`` stops the same way (``due_pending_at_least``).
         """
         with self._database() as conn:
-            rows = store.count_by_type_and_status(conn)
-            summary = store.queue_health(conn)
-            pauses = store.list_pauses(conn)
+            live = queue_figures.live_counts(conn)
+            by_status, by_type, not_exact = queue_figures.counts_by_type(conn, live)
+            summary = queue_figures.queue_health(conn)
+            pauses = _marked(store.list_pauses(conn, cap=queue_figures.COUNT_CAP))
             limits = store.list_limits(conn)
-        by_status = dict.fromkeys(STATUSES, 0)
-        by_type: dict[str, dict[str, int]] = {}
-        for row in rows:
-            by_status[row["status"]] += row["count"]
-            by_type.setdefault(row["task_type"], dict.fromkeys(STATUSES, 0))[row["status"]] = \
-                row["count"]
+        names = {"due_pending": "due_pending", "paused_due": "paused_due_pending",
+                 "expired_leases": "expired_leases"}
+        not_exact.update({names[figure]: kind for figure, kind in summary["not_exact"].items()
+                          if figure in names})
         return {"total": sum(by_status.values()), "by_status": by_status, "by_type": by_type,
                 "due_pending": summary["due_pending"],
                 "oldest_pending_age": summary["oldest_pending_age"],
                 "expired_leases": summary["expired_leases"],
                 "paused_due_pending": summary["paused_due"], "paused_types": pauses,
-                "limits": limits}
+                "limits": limits, "not_exact": not_exact}
 
     def schedule_status(self, schedules: Iterable[ScheduleConfig] | None = None
                         ) -> list[dict[str, Any]]:

@@ -19,6 +19,8 @@ from psycopg.types.json import Jsonb
 from ..config import FINISHED_STATUSES, RetryConfig
 from .loaders import TimeLoader, TimeOrNone, TimeOrText, cursor
 from .queries import QUERIES
+# The queue's figures for the health check and stats (re-exported: callers use store.*).
+from .queue_figures import live_counts, queue_health  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -215,39 +217,9 @@ def insert_task(conn, *, task_id: str, name: str, task_type: str, payload: dict,
     }) is not None
 
 
-def queue_health(conn, *, max_pending_age: float = 0.0, lease_grace: float = 0.0) -> dict:
-    """{due_pending, paused_due, old_pending, expired_leases, stuck_leases,
-    oldest_pending_age (seconds, or None), paused_types}; old and stuck count against the
-    given ages. Due tasks of paused types count only in paused_due."""
-    return _one(conn, "queue_health", {"max_pending_age": max_pending_age,
-                                       "lease_grace": lease_grace})
-
-
 def count_by_status(conn) -> dict[str, int]:
     """Exact counts of every status present; reads the whole table."""
     return {row["status"]: row["count"] for row in _all(conn, "count_by_status", {})}
-
-
-# Below this many rows (by the planner's estimate) finished tasks are counted exactly.
-EXACT_COUNT_BELOW = 200_000
-FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
-
-
-def live_counts(conn) -> tuple[dict[str, int], bool]:
-    """Tasks by status, cheaply: PENDING and RUNNING exact; finished statuses exact on a
-    small table, else estimated from the statistics. Returns (counts, estimated)."""
-    row = _one(conn, "live_counts", {})
-    counts = {"PENDING": row["pending"], "RUNNING": row["running"]}
-    if row["table_rows"] < EXACT_COUNT_BELOW or not row["shares"]:
-        counts.update(dict.fromkeys(FINISHED, 0))
-        counts.update({r["status"]: r["count"] for r in _all(conn, "count_finished", {})})
-        return counts, False
-    shares = {status: row["shares"].get(status, 0.0) for status in FINISHED}
-    finished = max(0.0, row["table_rows"] - row["pending"] - row["running"])
-    total_share = sum(shares.values()) or 1.0
-    counts.update({status: round(finished * share / total_share)
-                   for status, share in shares.items()})
-    return counts, True
 
 
 def submit_tasks(conn, tasks_json: str) -> set[tuple[str, str | None]]:
@@ -321,9 +293,10 @@ def resume_task_type(conn, task_type: str) -> dict | None:
     return _one(conn, "resume_task_type", {"task_type": task_type})
 
 
-def list_pauses(conn) -> list[dict]:
-    """The paused task types: {task_type, paused_at, paused_by, due_pending}, by type."""
-    return _all(conn, "list_pauses", {})
+def list_pauses(conn, *, cap: int = 10_000) -> list[dict]:
+    """The paused task types: {task_type, paused_at, paused_by, due_pending}, by type;
+    due_pending stops at cap + 1 (meaning more than cap)."""
+    return _all(conn, "list_pauses", {"cap": cap})
 
 
 def set_task_type_limit(conn, task_type: str, max_running: int, *,
@@ -352,7 +325,7 @@ def list_tasks(conn, *, status: str | None, task_type: str | None, limit: int) -
 
 
 def count_by_type_and_status(conn) -> list[dict]:
-    """Rows of {task_type, status, count}, only for pairs that have tasks."""
+    """Rows of {task_type, status, count}, only for pairs that have tasks; reads every row."""
     return _all(conn, "count_by_type_and_status", {})
 
 

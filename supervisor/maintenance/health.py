@@ -6,6 +6,10 @@ live against the configured count. The latest report feeds /healthz and the queu
 
 Tasks of a paused type wait because an operator said so: they never fail the pending-age
 check. The report lists the paused types and counts their due tasks apart.
+
+Its cost stays flat however many tasks the table holds and however many types are paused
+(db/queue_figures.py): counts stop past 1,000 and large totals are the statistics'
+estimates; ``not_exact`` in the JSON names every figure that is not exact.
 """
 
 from __future__ import annotations
@@ -15,9 +19,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..config import FINISHED_STATUSES
 from ..db import store
+from ..db.queue_figures import AT_LEAST, HEALTH_COUNT_CAP
 from ..errors import one_line
 from .service import PeriodicService
+
+
+# queue_health's figures -> where as_json() puts them.
+QUEUE_FIGURES = {"old_pending": "checks.pending_age.old_pending",
+                 "paused_due": "checks.pending_age.paused_due",
+                 "expired_leases": "checks.expired_leases.expired",
+                 "stuck_leases": "checks.expired_leases.unreaped"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,9 @@ class HealthReport:
     tasks_by_status: dict[str, int] = field(default_factory=dict)
     # True when the finished statuses' counts are the statistics' estimates (a large table).
     finished_estimated: bool = False
+    # The figures of as_json() that are not exact, by their path there: "estimate", or
+    # "at_least" for a count that stopped at the cap (store.queue_figures).
+    not_exact: dict[str, str] = field(default_factory=dict)
     children: ChildrenStatus = ChildrenStatus(0, 0)
     checked_at: float = field(default_factory=time.monotonic)
 
@@ -52,14 +68,20 @@ class HealthReport:
         if not self.database_ok:
             failing["database"] = f"cannot reach PostgreSQL: {self.database_error}"
         if self.old_pending:
-            failing["pending_age"] = f"{self.old_pending} due tasks waited too long"
+            old = self._figure("checks.pending_age.old_pending", self.old_pending)
+            failing["pending_age"] = f"{old} due tasks waited too long"
         if self.stuck_leases:
-            failing["expired_leases"] = f"{self.stuck_leases} expired leases not reaped"
+            stuck = self._figure("checks.expired_leases.unreaped", self.stuck_leases)
+            failing["expired_leases"] = f"{stuck} expired leases not reaped"
         if self.children.live < self.children.expected:
             failing["children"] = f"{self.children.live} of {self.children.expected} workers live"
         if self.children.fused_pools:
             failing["pools"] = "restarts stopped for a crash loop: " + ", ".join(self.children.fused_pools)
         return failing
+
+    def _figure(self, path: str, value: int) -> str:
+        kind = self.not_exact.get(path)
+        return f"more than {value - 1}" if kind == AT_LEAST else str(value)
 
     def as_json(self) -> dict:
         failing = self.failing()
@@ -83,6 +105,7 @@ class HealthReport:
             "limits": {task_type: {"max_running": max_running, "running": running}
                        for task_type, (max_running, running) in self.limits.items()},
             "finished_counts_estimated": self.finished_estimated,
+            "not_exact": dict(self.not_exact),
             "age_seconds": round(time.monotonic() - self.checked_at, 3),
         }
 
@@ -110,16 +133,20 @@ class HealthChecker(PeriodicService):
     def run_once(self) -> HealthReport:
         conn = self.connection()
         queue = store.queue_health(conn, max_pending_age=self.max_pending_age,
-                                   lease_grace=self.lease_grace)
-        counts, estimated = store.live_counts(conn)
+                                   lease_grace=self.lease_grace, cap=HEALTH_COUNT_CAP)
+        live = store.live_counts(conn, cap=HEALTH_COUNT_CAP)
         limits = {row["task_type"]: (row["max_running"], row["running"])
                   for row in store.list_limits(conn)}
+        not_exact = {f"tasks_by_status.{status}": kind for status, kind in live.not_exact.items()}
+        not_exact.update({QUEUE_FIGURES[figure]: kind for figure, kind
+                          in queue["not_exact"].items() if figure in QUEUE_FIGURES})
         report = HealthReport(
             database_ok=True, old_pending=queue["old_pending"],
             expired_leases=queue["expired_leases"], stuck_leases=queue["stuck_leases"],
-            oldest_pending_age=queue["oldest_pending_age"] or 0.0, tasks_by_status=counts,
+            oldest_pending_age=queue["oldest_pending_age"] or 0.0, tasks_by_status=live.counts,
             paused_due=queue["paused_due"], paused_types=tuple(queue["paused_types"]),
-            finished_estimated=estimated, limits=limits, children=self.children(),
+            finished_estimated=any(s in live.not_exact for s in FINISHED_STATUSES),
+            not_exact=not_exact, limits=limits, children=self.children(),
         )
         with self._lock:
             self._latest = report
@@ -131,5 +158,7 @@ class HealthChecker(PeriodicService):
             self._latest = HealthReport(
                 database_ok=False, database_error=one_line(exc),
                 tasks_by_status=previous.tasks_by_status, paused_types=previous.paused_types,
+                not_exact={path: kind for path, kind in previous.not_exact.items()
+                           if path.startswith("tasks_by_status.")},
                 limits=previous.limits,
                 children=self.children())

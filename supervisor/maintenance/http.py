@@ -30,12 +30,22 @@ class QueueCollector:
 
     def collect(self):
         report = self.health.latest()
-        tasks = GaugeMetricFamily("pgtaskd_tasks", "Tasks in the table, by status", labels=["status"])
+        tasks = GaugeMetricFamily("pgtaskd_tasks", "Tasks in the table, by status (where "
+                                  "pgtaskd_tasks_estimated is 1, an estimate)", labels=["status"])
         for status in STATUSES:
             tasks.add_metric([status], report.tasks_by_status.get(status, 0))
         yield tasks
-        yield GaugeMetricFamily("pgtaskd_expired_leases", "RUNNING tasks whose lease expired",
-                                value=report.expired_leases)
+        # Past a thousand PENDING, or on a large table for the finished statuses, the health
+        # check estimates (health.py): an alert on these counts needs to know which they are.
+        estimated = GaugeMetricFamily("pgtaskd_tasks_estimated",
+                                      "1 where pgtaskd_tasks{status} is an estimate or a lower "
+                                      "bound, 0 where it is exact", labels=["status"])
+        for status in STATUSES:
+            estimated.add_metric([status],
+                                 1 if f"tasks_by_status.{status}" in report.not_exact else 0)
+        yield estimated
+        yield GaugeMetricFamily("pgtaskd_expired_leases", "RUNNING tasks whose lease expired "
+                                "(counted up to 1,001)", value=report.expired_leases)
         yield GaugeMetricFamily("pgtaskd_oldest_pending_age_seconds",
                                 "How long the oldest due PENDING task of a type not paused "
                                 "has waited", value=report.oldest_pending_age)

@@ -11,6 +11,11 @@ twice (the first run also reads the catalog).
 
 from __future__ import annotations
 
+import re
+from contextlib import contextmanager
+from unittest import mock
+
+import psycopg
 import pytest
 
 from supervisor.db.queries import QUERIES
@@ -149,7 +154,8 @@ def test_the_reaper_reads_no_more_with_live_leases_and_finished_rows(conn, skew)
 def test_the_health_check_reads_no_more_with_future_running_and_finished_rows(conn, skew):
     add_due(conn, 50)
     assert_flat(skewed_buffers(conn, skew, "queue_health",
-                               {"max_pending_age": 300.0, "lease_grace": 15.0}), 0)
+                               {"max_pending_age": 300.0, "lease_grace": 15.0,
+                                "cap": 10_000}), 0)
 
 
 def test_live_counts_are_exact_for_live_tasks_and_estimated_for_a_large_finished_history(conn):
@@ -160,16 +166,16 @@ def test_live_counts_are_exact_for_live_tasks_and_estimated_for_a_large_finished
     conn.execute("INSERT INTO tasks (id, name, task_type, status, finished_at) "
                  "SELECT 'f' || g, 'n', 'echo', CASE WHEN g % 10 = 0 THEN 'FAILED' "
                  "ELSE 'COMPLETED' END, now() FROM generate_series(1, 250000) g")
-    counts, estimated = store.live_counts(conn)
-    assert not estimated, "before ANALYZE the statistics know nothing: count exactly"
+    counts, not_exact, _ = store.live_counts(conn)
+    assert not not_exact, "before ANALYZE the statistics know nothing: count exactly"
     assert counts == {"PENDING": 30, "RUNNING": 20, "COMPLETED": 225_000, "FAILED": 25_000,
                       "CANCELLED": 0}
     conn.execute("ANALYZE tasks")
-    counts, estimated = store.live_counts(conn)
-    assert estimated
+    counts, not_exact, _ = store.live_counts(conn)
+    assert not_exact == dict.fromkeys(["COMPLETED", "FAILED", "CANCELLED"], "estimate")
     assert (counts["PENDING"], counts["RUNNING"]) == (30, 20), "live tasks are always exact"
     assert abs(counts["COMPLETED"] - 225_000) < 22_500 and abs(counts["FAILED"] - 25_000) < 5_000
-    read = buffers(conn, "live_counts", {})
+    read = buffers(conn, "live_counts", {"cap": 10_000})
     pages = conn.execute("SELECT pg_relation_size('tasks') / 8192").fetchone()[0]
     # The statistics views cost a fixed hundred buffers or so; a count reads every page.
     assert read < 200 < pages / 10, f"the live counts read {read} buffers of {pages} pages"
@@ -221,3 +227,112 @@ def test_the_claim_never_reads_the_due_rows_of_a_type_whose_limit_is_full(conn, 
     claimed = [r for r in conn.execute(QUERIES["complete_and_claim_limited"], params).fetchall()
                if r[0] is False]
     assert len(claimed) == limit and {r[3] for r in claimed} == {"echo"}
+
+
+@contextmanager
+def recorded_statements():
+    """Every statement this process sends while inside, with its parameters, whichever
+    connection sends it: what a health check or a stats call costs is what it runs."""
+    seen = []
+    original = psycopg.Cursor.execute
+
+    def execute(self, query, params=None, **kwargs):
+        seen.append((query, params))
+        return original(self, query, params, **kwargs)
+
+    with mock.patch.object(psycopg.Cursor, "execute", execute):
+        yield seen
+
+
+def replayed_buffers(conn, statements) -> int:
+    """Shared buffers the recorded queries touch, each replayed under EXPLAIN ANALYZE in a
+    rolled-back transaction (twice, as in buffers())."""
+    total = 0
+    for query, params in statements:
+        text = re.sub(r"^(\s*--[^\n]*\n)*", "", query if isinstance(query, str) else "")
+        if not re.match(r"\s*(SELECT|WITH)\b", text, re.IGNORECASE):
+            continue
+        for _ in range(2):
+            with conn.transaction(force_rollback=True):
+                plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + text,
+                                    params).fetchone()[0][0]
+        total += plan["Plan"].get("Shared Hit Blocks", 0) + plan["Plan"].get("Shared Read Blocks", 0)
+    return total
+
+
+def cost_of(conn, call) -> tuple[int, object]:
+    with recorded_statements() as statements:
+        result = call()
+    assert statements, "the call ran no statement"
+    return replayed_buffers(conn, statements), result
+
+
+BACKLOGS = {
+    "due": "INSERT INTO tasks (id, name, task_type, scheduled_time) "
+           "SELECT 'backlog' || g, 'n', 'echo', now() - g * interval '1 millisecond' "
+           "FROM generate_series(%(from)s::int, %(n)s::int) g",
+    "future": SKEWS["future_higher_priority"],
+}
+
+
+@pytest.mark.parametrize("backlog", sorted(BACKLOGS))
+def test_the_health_check_reads_no_more_with_a_large_pending_backlog(db_dsn, conn, backlog):
+    """14.8: with 1.22M PENDING tasks every daemon's check counted all of them (due and
+    future) every 5 s, 226 ms each. Past a cap, the counts stop and the statistics estimate."""
+    from supervisor.maintenance.health import ChildrenStatus, HealthChecker
+    from supervisor.maintenance.http import QueueCollector
+
+    checker = HealthChecker(db_dsn, interval=5, max_pending_age=300, lease_grace=15,
+                            children=lambda: ChildrenStatus(1, 1))
+    try:
+        add_due(conn, 50)
+        measured = []
+        for size, start in [(SKEW, 1), (4 * SKEW, SKEW + 1)]:
+            conn.execute(BACKLOGS[backlog], {"n": size, "from": start})
+            conn.execute("ANALYZE tasks")
+            read, report = cost_of(conn, checker.run_once)
+            measured.append(read)
+        print(f"\nhealth check: {measured[0]} buffers with {SKEW:,} {backlog} tasks, "
+              f"{measured[1]} with {4 * SKEW:,}")
+        assert measured[1] <= measured[0] + GROWTH_MARGIN, measured
+        body = report.as_json()
+        assert report.database_ok
+        assert body["not_exact"]["tasks_by_status.PENDING"] == "estimate"
+        assert abs(body["tasks_by_status"]["PENDING"] - (4 * SKEW + 50)) < 0.2 * 4 * SKEW
+        assert body["tasks_by_status"]["RUNNING"] == 0 and "tasks_by_status.RUNNING" \
+            not in body["not_exact"]
+        gauges = {family.name: family for family in QueueCollector(checker).collect()}
+        estimated = {sample.labels["status"]: sample.value
+                     for sample in gauges["pgtaskd_tasks_estimated"].samples}
+        assert (estimated["PENDING"], estimated["RUNNING"]) == (1, 0)
+    finally:
+        checker._close()
+
+
+def test_stats_reads_no_more_on_a_large_table(db_dsn, conn, monkeypatch):
+    """14.8: `pgtaskd stats` counted by type and status with a sequential scan (1.44 s on
+    6.27M rows). On a large table (here made large by lowering the bar) it samples."""
+    from supervisor import Client
+    from supervisor.db import queue_figures
+
+    monkeypatch.setattr(queue_figures, "EXACT_COUNT_BELOW", 5_000)
+    monkeypatch.setattr(queue_figures, "SAMPLE_ROWS", 1_000)
+    add_due(conn, 50)
+    conn.execute(SKEWS["running_live_leases"], {"n": 20, "from": 1})
+    measured = []
+    with Client(db_dsn) as client:
+        for size, start in [(SKEW, 1), (4 * SKEW, SKEW + 1)]:
+            conn.execute(SKEWS["finished"], {"n": size, "from": start})
+            conn.execute("ANALYZE tasks")
+            read, stats = cost_of(conn, client.stats)
+            measured.append(read)
+    print(f"\nstats: {measured[0]} buffers with {SKEW:,} finished tasks, {measured[1]} with "
+          f"{4 * SKEW:,}")
+    assert measured[1] <= measured[0] + GROWTH_MARGIN + 20, measured
+    assert stats["by_status"]["PENDING"] == 50 and stats["by_status"]["RUNNING"] == 20
+    assert abs(stats["by_status"]["COMPLETED"] - 4 * SKEW) < 0.2 * 4 * SKEW
+    assert stats["by_type"]["echo"]["RUNNING"] == 20
+    assert stats["not_exact"] == {"total": "estimate", "by_type": "estimate",
+                                  "by_status.COMPLETED": "estimate",
+                                  "by_status.FAILED": "estimate",
+                                  "by_status.CANCELLED": "estimate"}

@@ -4,6 +4,8 @@ expired leases included; resuming wakes idle workers with the triggers' notifica
 from __future__ import annotations
 
 import json
+import statistics
+import time
 
 import psycopg
 import pytest
@@ -169,3 +171,83 @@ def test_bad_task_types_are_refused_before_anything_is_written(client, call, tas
 def test_a_long_paused_by_is_refused(client):
     with pytest.raises(UsageError, match="paused_by: longer than 200"):
         client.pause("echo", paused_by="x" * 201)
+
+
+def median_seconds(call, runs: int = 5) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.monotonic()
+        call()
+        times.append(time.monotonic() - started)
+    return statistics.median(times)
+
+
+def test_health_and_stats_cost_no_more_than_linear_in_paused_types(client, conn):
+    """15.14: every due task was compared with every paused type (30,000 pauses, 20,000 due
+    tasks: 21 s a health check, `stats` past 60 s). Here 3,000 pauses against 30, the same
+    2,000 due tasks: a linear check costs about the same, a quadratic one about 100 times."""
+    conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) "
+                 "SELECT 'due' || g, 'n', 'type' || g, now() - interval '1 hour' "
+                 "- g * interval '1 second' FROM generate_series(1, 2000) g")
+    conn.execute("ANALYZE tasks")
+
+    def check():
+        return store.queue_health(conn, max_pending_age=300, lease_grace=15)
+
+    def pause(first: int, last: int) -> None:
+        conn.execute("INSERT INTO task_type_pauses (task_type, paused_by) "
+                     "SELECT 'type' || g, 't' FROM generate_series(%s::int, %s::int) g",
+                     (first, last))
+        conn.execute("ANALYZE task_type_pauses")
+
+    pause(1, 30)
+    base_check, base_stats = median_seconds(check), median_seconds(client.stats)
+    health = check()
+    assert (health["due_pending"], health["paused_due"], health["old_pending"]) == (1970, 30, 1970)
+    pause(31, 3000)
+    many_check, many_stats = median_seconds(check), median_seconds(client.stats)
+    print(f"\nhealth check {base_check * 1000:.1f} ms with 30 pauses, {many_check * 1000:.1f} ms "
+          f"with 3,000; stats {base_stats * 1000:.1f} ms, {many_stats * 1000:.1f} ms")
+    health = check()
+    assert (health["due_pending"], health["paused_due"], health["old_pending"]) == (0, 2000, 0)
+    assert health["oldest_pending_age"] is None and len(health["paused_types"]) == 3000
+    # The pauses themselves are 3,000 rows to read (and stats lists each one): a few ms.
+    assert many_check < 3 * base_check + 0.03, (base_check, many_check)
+    assert many_stats < 3 * base_stats + 0.1, (base_stats, many_stats)
+
+
+def test_health_counts_past_the_cap_are_lower_bounds_and_the_age_stays_exact(client, conn):
+    """With the oldest due tasks all paused and more of them than the cap, the check still
+    finds the oldest task it must age (past them), and says which counts stopped."""
+    conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) "
+                 "SELECT 'echo' || g, 'n', 'echo', now() - interval '2 hours' - g * interval '1 s' "
+                 "FROM generate_series(1, 8) g")
+    conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) "
+                 "SELECT 'old-record' || g, 'n', 'record', now() - interval '1 hour' "
+                 "- g * interval '1 s' FROM generate_series(1, 3) g")
+    conn.execute("INSERT INTO tasks (id, name, task_type) VALUES ('new-1', 'n', 'record'), "
+                 "('new-2', 'n', 'record')")
+
+    def check(cap):
+        return store.queue_health(conn, max_pending_age=300, lease_grace=15, cap=cap)
+
+    client.pause("echo")
+    exact = check(20)
+    assert (exact["due_pending"], exact["paused_due"], exact["old_pending"]) == (5, 8, 3)
+    assert exact["not_exact"] == {}
+    capped = check(5)
+    assert 3603 <= capped["oldest_pending_age"] < 3700, "the oldest record task, past echo's"
+    assert (capped["due_pending"], capped["paused_due"], capped["old_pending"]) == (0, 6, 1)
+    assert capped["not_exact"] == {"due_pending": "at_least", "paused_due": "at_least",
+                                   "old_pending": "at_least"}
+    client.pause("record")
+    none_left = check(5)
+    assert none_left["oldest_pending_age"] is None and none_left["old_pending"] == 0
+    assert none_left["not_exact"] == {"due_pending": "at_least", "paused_due": "at_least"}
+    client.resume("echo")
+    client.resume("record")
+    unpaused = check(5)
+    assert 7208 <= unpaused["oldest_pending_age"] < 7300
+    assert (unpaused["due_pending"], unpaused["paused_due"], unpaused["old_pending"]) == (6, 0, 6)
+    assert unpaused["not_exact"] == {"due_pending": "at_least", "old_pending": "at_least"}, \
+        "with nothing paused, nothing paused is due: exactly"

@@ -286,10 +286,48 @@ def test_stats_text_and_json(db_dsn, conn):
     assert type_lines["echo"] == ["1", "0", "0", "1", "0", "2"]
     stats = json.loads(pgtaskd("stats", "--json", dsn=db_dsn).stdout)
     assert set(stats) == {"total", "by_status", "by_type", "due_pending", "oldest_pending_age",
-                          "expired_leases", "paused_due_pending", "paused_types", "limits"}
+                          "expired_leases", "paused_due_pending", "paused_types", "limits",
+                          "not_exact"}
+    assert stats["not_exact"] == {}, "a small table is counted exactly"
+    assert "about" not in text and "more than" not in text
     assert stats["total"] == 3 and stats["by_status"]["FAILED"] == 1
     assert stats["by_type"]["report"]["PENDING"] == 1
     assert stats["due_pending"] == 2 and 90 <= stats["oldest_pending_age"] < 120
+
+
+def test_stats_text_and_json_say_which_figures_are_estimates(db_dsn, conn, monkeypatch,
+                                                             capsys):
+    """14.8: on a large table stats estimates; both outputs say which figures. In process,
+    with the bars lowered, so that a few thousand rows make a large table."""
+    from supervisor.cli import main
+    from supervisor.db import queue_figures
+
+    monkeypatch.setattr(queue_figures, "EXACT_COUNT_BELOW", 1_000)
+    monkeypatch.setattr(queue_figures, "COUNT_CAP", 100)
+    monkeypatch.setenv("PGTASKD_DSN", db_dsn)
+    monkeypatch.delenv("PGTASKD_CONFIG", raising=False)
+    conn.execute("INSERT INTO tasks (id, name, task_type, status, finished_at) "
+                 "SELECT 'done' || g, 'n', 'echo', 'COMPLETED', now() "
+                 "FROM generate_series(1, 3000) g")
+    conn.execute("INSERT INTO tasks (id, name, task_type) "
+                 "SELECT 'due' || g, 'n', 'report' FROM generate_series(1, 500) g")
+    conn.execute("ANALYZE tasks")
+    assert main(["stats"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[0].startswith("tasks: about 3")
+    assert "PENDING about " in text[0] and "RUNNING 0," in text[0]
+    assert "COMPLETED about " in text[0]
+    assert text[1] == "due pending: more than 100, the oldest waiting " + text[1].split()[-2] + " s"
+    assert text[2] == "expired leases: 0"
+    assert text[4].startswith("by type: estimated from a sample")
+    assert text[-1].startswith("about: the statistics' or a sample's estimate")
+    assert main(["stats", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["due_pending"] == 101
+    assert stats["not_exact"] == {"total": "estimate", "by_type": "estimate",
+                                  "due_pending": "at_least",
+                                  **{f"by_status.{s}": "estimate"
+                                     for s in ("PENDING", "COMPLETED", "FAILED", "CANCELLED")}}
 
 
 def test_pause_and_resume_print_each_type_and_stats_shows_the_pauses(db_dsn, conn):

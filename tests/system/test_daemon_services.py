@@ -73,6 +73,8 @@ def test_metrics_counters_equal_the_database_children_that_exited_included(start
     assert metric_sum(samples, "pgtaskd_tasks_failed_total", task_type="permanent") == 2
     assert metric_sum(samples, "pgtaskd_tasks_failed_total", task_type="suicide") == 1
     assert metric_sum(samples, "pgtaskd_live_children") == 2
+    assert len(samples.get("pgtaskd_tasks_estimated", [])) == 5
+    assert metric_sum(samples, "pgtaskd_tasks_estimated") == 0, "a small table is counted"
 
 
 def test_healthz_is_503_while_the_database_is_down_and_200_when_it_is_back(own_postgres,
