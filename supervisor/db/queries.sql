@@ -903,7 +903,7 @@ WHERE name = ANY(%(names)s::text[]);
 -- locked. "through" only moves forward for the same cron and time zone (a late pass never
 -- moves it back); a different expression replaces it, as a fresh start.
 UPDATE pgtaskd_schedule_state AS s SET
-    through = CASE WHEN (s.cron, s.timezone) = (v.cron, v.timezone)
+    through = CASE WHEN (s.cron, s.timezone) = (v.cron, v.timezone) AND isfinite(s.through)
                    THEN greatest(s.through, v.through)
                    ELSE v.through END,
     definition = v.definition,
@@ -1049,11 +1049,14 @@ SELECT task_type FROM task_type_limit_claims WHERE daemon = %(daemon)s ORDER BY 
 
 -- name: limit_claims_of
 -- The smallest claim on a type and whose it is (the first such daemon by name), and whether
--- the limit in force came from the claims. No claim: max_running is NULL.
+-- the limit in force came from the claims. No claim: max_running is NULL. A claim above
+-- %(max_limit)s was written by hand (a config refuses it) and is not one: a billion slot
+-- rows would stall every writer.
 SELECT (SELECT c.max_running FROM task_type_limit_claims AS c
-         WHERE c.task_type = %(task_type)s ORDER BY c.max_running, c.daemon LIMIT 1)
-           AS max_running,
+         WHERE c.task_type = %(task_type)s AND c.max_running <= %(max_limit)s
+         ORDER BY c.max_running, c.daemon LIMIT 1) AS max_running,
        (SELECT c.daemon FROM task_type_limit_claims AS c
-         WHERE c.task_type = %(task_type)s ORDER BY c.max_running, c.daemon LIMIT 1) AS daemon,
+         WHERE c.task_type = %(task_type)s AND c.max_running <= %(max_limit)s
+         ORDER BY c.max_running, c.daemon LIMIT 1) AS daemon,
        (SELECT l.from_claims FROM task_type_limits AS l
          WHERE l.task_type = %(task_type)s) AS from_claims;

@@ -6,12 +6,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Sequence
 
-from .loaders import cursor
+from .loaders import TimeOrNone, cursor
 from .queries import QUERIES
 
 
 def _rows(conn, name: str, params: dict) -> list[dict]:
-    with cursor(conn, times=None) as cur:
+    # Any login may write these rows: a time no datetime holds ('infinity', the year 10000)
+    # comes back as None instead of failing the pass of every schedule.
+    with cursor(conn, times=TimeOrNone) as cur:
         cur.execute(QUERIES[name], params)
         return cur.fetchall()
 

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import psycopg
 from psycopg.types.json import Jsonb
 
-from ..config import FINISHED_STATUSES, RetryConfig
+from ..config import FINISHED_STATUSES, MAX_LIMIT, RetryConfig
 from .loaders import TimeLoader, TimeOrNone, TimeOrText, cursor
 from .queries import QUERIES
 
@@ -353,7 +353,8 @@ def claim_limit(conn, task_type: str, daemon: str, max_running: int | None) -> d
     """Set (or with None, drop) this daemon's claim on a type's limit, under the type's lock
     for the rest of the transaction: {max_running (the smallest claim, None if none),
     daemon (its holder), from_claims (None: no limit in force)}."""
-    params = {"task_type": task_type, "daemon": daemon, "max_running": max_running}
+    params = {"task_type": task_type, "daemon": daemon, "max_running": max_running,
+              "max_limit": MAX_LIMIT}
     _one(conn, "lock_limit_claims", params)
     with conn.cursor() as cur:
         cur.execute(QUERIES["drop_limit_claim" if max_running is None else "set_limit_claim"],

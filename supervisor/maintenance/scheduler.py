@@ -117,7 +117,7 @@ class Scheduler(PeriodicService):
                 verdict = verdicts[schedule.name] = self._decide(
                     schedule.name, mine[schedule.name], row, reports.get(schedule.name, []), now)
                 if verdict.enqueues:
-                    plans.append(plan_pass(schedule, _state(row), now))
+                    plans.append(plan_pass(schedule, _state(row, now), now))
             # Rows are written in one order whatever the config's order, so that daemons
             # whose passes write the same rows at once wait on each other, never in a cycle.
             tasks = sorted((task for plan in plans for task in plan.tasks()),
@@ -125,7 +125,8 @@ class Scheduler(PeriodicService):
             client = Client(conn, max_payload_bytes=self.max_payload_bytes)
             ids = client.submit_many(tasks) if tasks else []
             saved = [_row(plan, mine[plan.schedule.name]) for plan in plans
-                     if plan.save or verdicts[plan.schedule.name].replaces]
+                     if plan.save or verdicts[plan.schedule.name].replaces
+                     or rows[plan.schedule.name]["through"] is None]
             schedule_states.save_schedule_states(conn, sorted(saved, key=lambda r: r["name"]),
                                                  now)
             schedule_states.report_definitions(
@@ -161,13 +162,16 @@ class Scheduler(PeriodicService):
 
     def _decide(self, name: str, mine: str, row: dict, rows: list[dict],
                 now: datetime) -> Verdict:
-        reports = [Report(r["daemon"], r["definition"], r["seen_at"]) for r in rows]
+        reports = [Report(r["daemon"], r["definition"], r["seen_at"]) for r in rows
+                   if r["seen_at"] is not None]
         if name in self._previous:
             previous = self._previous[name]
         else:  # first pass since the start: what this daemon (host and config) said last
             previous = next((r.definition for r in reports if r.daemon == self.daemon), None)
-        return decide(mine, row["definition"], previous=previous,
-                      recorded_at=row["updated_at"], reports=reports, me=self.daemon, now=now)
+        # An unreadable time says nothing of who holds the definition: as old as can be.
+        recorded_at = row["updated_at"] or datetime.min.replace(tzinfo=timezone.utc)
+        return decide(mine, row["definition"], previous=previous, recorded_at=recorded_at,
+                      reports=reports, me=self.daemon, now=now)
 
     def report_definitions(self, schedules: Sequence[ScheduleConfig],
                            verdicts: dict[str, Verdict], rows: dict[str, dict],
@@ -239,8 +243,11 @@ def warn_unhandled(schedules: Sequence[ScheduleConfig], handled_types: frozenset
                  task_type=schedule.task_type)
 
 
-def _state(row: dict) -> ScheduleState:
-    return ScheduleState(row["cron"], row["timezone"], row["through"], row["last_enqueued"])
+def _state(row: dict, now: datetime) -> ScheduleState:
+    # A through no datetime holds was written by hand: start afresh from now rather than
+    # guess what it meant (cron and zone kept, so no other column changes).
+    return ScheduleState(row["cron"], row["timezone"], row["through"] or now,
+                         row["last_enqueued"])
 
 
 def _row(plan: Plan, definition: str) -> dict:

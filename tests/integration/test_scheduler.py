@@ -209,6 +209,24 @@ def test_a_definition_passes_only_to_a_daemon_that_held_it_or_after_nobody_did(
     assert state_of(conn, "s")["definition"] == definition_of(hourly(3))
 
 
+def test_no_value_in_the_shared_rows_stops_a_pass(db_dsn, conn, scheduler):
+    """Any login may write the state and the reports: times no datetime holds and odd
+    definitions are read as what they are, and the other schedules go on."""
+    one, two = schedules(db_dsn, one={"cron": "0 * * * *", "task_type": "echo"},
+                         two={"cron": "0 * * * *", "task_type": "echo"})
+    service = scheduler(one, two, daemon="me")
+    service.run_once(now=at("2026-01-01T09:59:00"))
+    conn.execute("UPDATE pgtaskd_schedule_state SET through = 'infinity', "
+                 "updated_at = '-infinity' WHERE name = 'one'")
+    conn.execute("INSERT INTO pgtaskd_schedule_daemons VALUES ('one', 'x', '', 'infinity'), "
+                 "('two', 'y', repeat('z', 10000), '-infinity')")
+    assert service.run_once(now=at("2026-01-01T10:00:00")) == [
+        "schedule:two:2026-01-01T10:00:00Z"]
+    # one started afresh from that pass, and runs from its next instant on.
+    assert service.run_once(now=at("2026-01-01T11:00:00")) == [
+        "schedule:one:2026-01-01T11:00:00Z", "schedule:two:2026-01-01T11:00:00Z"]
+
+
 @pytest.mark.parametrize("policy, expected", [
     ("latest", ["15:00"]),
     ("all", ["11:00", "12:00", "13:00", "14:00", "15:00"]),
