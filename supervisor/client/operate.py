@@ -158,15 +158,18 @@ class Operating:
             return store.set_task_type_limit(conn, task_type, max_running, updated_by=set_by)
 
     def remove_limit(self, task_type: str) -> bool:
-        """Let every daemon run this type's tasks with no global limit again. False when it
-        had none."""
+        """Let every daemon run this type's tasks with no global limit again, dropping every
+        daemon's claim on it (a config that still sets it claims it again at its daemon's
+        next start or change of limits). False when it had none."""
         task_type = _check_lookup_text("task_type", task_type)
         with self._database() as conn:
             return store.remove_task_type_limit(conn, task_type) is not None
 
     def limits(self) -> list[dict[str, Any]]:
         """The global concurrency limits: ``{"task_type", "max_running", "running",
-        "updated_at", "updated_by"}`` each (running: slots a live lease holds now), by type."""
+        "updated_at", "updated_by", "from_claims", "claims"}`` each (running: slots a live
+        lease holds now; claims: each daemon config's setting, ``"<daemon>=<n>"``, the
+        smallest of which is in force when from_claims), by type."""
         with self._database() as conn:
             return store.list_limits(conn)
 
