@@ -262,10 +262,11 @@ def _add_task_commands(commands) -> None:
     limit = _command(
         commands, "limit", "set or remove a global concurrency limit of a task type",
         "At most N tasks of this type RUNNING at once, across every daemon on this database, "
-        "from each daemon's next claim on; 'off' removes the limit. The limit is kept in the "
-        "database. Lowering it stops no running task: the excess ends as its tasks do. A "
-        "daemon whose config has limits: writes them at start and on each reload, over what "
-        "this command set.",
+        "from each daemon's next claim on; 'off' removes the limit and every daemon's claim "
+        "on it. The limit is kept in the database. Lowering it stops no running task: the "
+        "excess ends as its tasks do. Each daemon whose config has limits: claims them at "
+        "start and on each reload that changes them, and the smallest claim is put in force "
+        "again, over what this command set.",
         "pgtaskd limit charge 2\n"
         "pgtaskd limit charge off")
     limit.add_argument("task_type", metavar="TYPE", help="the task type")
@@ -281,7 +282,11 @@ def _add_task_commands(commands) -> None:
         "List the schedules of the config: name, cron expression, time zone, task type, the "
         "next run (the first instant after the database's clock) and the last run (the newest "
         "instant any daemon enqueued, with its task's status now; '-' before the first run, "
-        "and a status of '-' once retention deleted the task). Times are in UTC.",
+        "and a status of '-' once retention deleted the task). Times are in UTC. A schedule "
+        "whose definition in this config is not the one in force, or that daemons lately "
+        "reported with another definition, gets a 'conflict:' line under the table (--json: "
+        "conflict, definition, recorded_definition, disagreeing): daemons whose definition "
+        "is not the one in force enqueue nothing for it.",
         "pgtaskd schedules -c /etc/pgtaskd/pgtaskd.yaml\n"
         "pgtaskd schedules --json | jq -r '.[] | select(.last_status == \"FAILED\") | .name'")
 

@@ -118,4 +118,21 @@ def cmd_schedules(args, config: Config) -> int:
             [[s["name"], s["cron"], s["timezone"], s["task_type"], human_time(s["next_run"]),
               human_time(s["last_run"]),
               (s["last_status"] or "-") if s["last_run"] else "-"] for s in schedules]))
+        for s in schedules:
+            if s["conflict"]:
+                print(conflict_line(s))
     return EXIT_OK
+
+
+def conflict_line(schedule: dict) -> str:
+    """Under the table, one line per schedule whose daemons disagree on its definition."""
+    name, recorded = schedule["name"], schedule["recorded_definition"]
+    others = schedule["disagreeing"]
+    if recorded != schedule["definition"]:
+        said = (f"this config's definition ({schedule['definition'][:12]}) is not the one in "
+                f"force ({recorded[:12]}): a daemon running this config enqueues nothing for it")
+    else:
+        said = "this config's definition is the one in force"
+    if others:
+        said += f"; daemons with another definition: {', '.join(others)}"
+    return f"conflict: schedule {name}: {said}"

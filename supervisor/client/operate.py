@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..config import MAX_LIMIT, ScheduleConfig
-from ..db import queue_figures, store
+from ..db import queue_figures, schedule_states, store
+from ..scheduling.definitions import TAKEOVER_AFTER, definition_of
 from ..errors import OperationalError, UsageError, quote
 from ..task_fields import (MAX_PAUSED_BY_LENGTH, MAX_TASK_TYPE_LENGTH, check_int, check_label,
                            check_text)
@@ -163,15 +164,18 @@ class Operating:
             return store.set_task_type_limit(conn, task_type, max_running, updated_by=set_by)
 
     def remove_limit(self, task_type: str) -> bool:
-        """Let every daemon run this type's tasks with no global limit again. False when it
-        had none."""
+        """Let every daemon run this type's tasks with no global limit again, dropping every
+        daemon's claim on it (a config that still sets it claims it again at its daemon's
+        next start or change of limits). False when it had none."""
         task_type = _check_lookup_text("task_type", task_type)
         with self._database() as conn:
             return store.remove_task_type_limit(conn, task_type) is not None
 
     def limits(self) -> list[dict[str, Any]]:
         """The global concurrency limits: ``{"task_type", "max_running", "running",
-        "updated_at", "updated_by"}`` each (running: slots a live lease holds now), by type."""
+        "updated_at", "updated_by", "from_claims", "claims"}`` each (running: slots a live
+        lease holds now; claims: each daemon config's setting, ``"<daemon>=<n>"``, the
+        smallest of which is in force when from_claims), by type."""
         with self._database() as conn:
             return store.list_limits(conn)
 
@@ -235,11 +239,16 @@ class Operating:
         when it runs next and when it last ran, in config order.
 
         ``{"name", "cron", "timezone", "task_type", "catch_up", "next_run", "last_run",
-        "last_task_id", "last_status"}``: ``next_run`` is the first instant after the
+        "last_task_id", "last_status", "definition", "recorded_definition", "conflict",
+        "disagreeing"}``: ``next_run`` is the first instant after the
         database's clock as this config defines the schedule (None if it has none within 50
         years); ``last_run`` the newest instant any daemon enqueued, ``last_task_id`` its
         task and ``last_status`` that task's status (None once it was deleted); the last three
-        are None for a schedule that never ran.
+        are None for a schedule that never ran. ``definition`` is the hash of this config's
+        definition, ``recorded_definition`` the one in force (None before any daemon ran
+        it); ``conflict`` is true when they differ or when a daemon reported another
+        definition lately (those daemons are ``disagreeing``): while it lasts, the daemons
+        whose definition is not the recorded one enqueue nothing for it.
         """
         if schedules is None:
             if self._config is None:
@@ -249,14 +258,22 @@ class Operating:
         schedules = list(schedules)
         with self._database() as conn:
             now = store.database_now(conn)
-            runs = store.schedule_runs(conn, [s.name for s in schedules]) if schedules else {}
+            runs = schedule_states.schedule_runs(
+                conn, [s.name for s in schedules], TAKEOVER_AFTER.total_seconds()
+            ) if schedules else {}
         status = []
         for schedule in schedules:
             run = runs.get(schedule.name, {})
+            definition = definition_of(schedule)
+            recorded = run.get("recorded_definition")
+            disagreeing = list(run.get("disagreeing") or [])
             status.append({
                 "name": schedule.name, "cron": schedule.cron.expression,
                 "timezone": schedule.cron.timezone, "task_type": schedule.task_type,
                 "catch_up": schedule.catch_up, "next_run": schedule.cron.next_after(now),
                 "last_run": run.get("last_enqueued"), "last_task_id": run.get("last_task_id"),
-                "last_status": run.get("last_status")})
+                "last_status": run.get("last_status"), "definition": definition,
+                "recorded_definition": recorded,
+                "conflict": bool(recorded and recorded != definition or disagreeing),
+                "disagreeing": disagreeing})
         return status

@@ -69,10 +69,12 @@ def wait_for_database(config: Config, dsn: str, *, migrate_on_start: bool, demo:
                     for migration in migrate(conn):
                         emit("migration_applied", version=migration.version,
                              name=migration.name)
-                if config.limits:
-                    # Before any child claims: a limit must bind this daemon's first claims.
-                    from ..maintenance.concurrency_limits import write_limits
-                    write_limits(conn, config.limits, set_by=limits_author())
+                # Before any child claims: a limit must bind this daemon's first claims.
+                # Also without limits: a claim this daemon made before its config lost the
+                # line is dropped now.
+                from ..maintenance.concurrency_limits import write_limits
+                write_limits(conn, config.limits, daemon=daemon_identity(config),
+                             starting=True)
                 if demo:
                     from .demo import submit_demo_tasks
                     submit_demo_tasks(conn)
@@ -93,9 +95,13 @@ def wait_for_database(config: Config, dsn: str, *, migrate_on_start: bool, demo:
         db.close()
 
 
-def limits_author() -> str:
-    """What task_type_limits.updated_by says of a limit this daemon wrote."""
-    return f"pgtaskd {socket.gethostname()}:{os.getpid()}"
+def daemon_identity(config: Config) -> str:
+    """Who this daemon is in the rows daemons share (a schedule's reports, a limit's claims):
+    its host and config file, so that a reload and a restart are the same daemon, and a
+    daemon started again without a limit line drops the claim it had made. Without a file
+    (a config built in code) the process is the daemon."""
+    where = str(config.path.resolve()) if config.path else f"pid {os.getpid()}"
+    return f"{socket.gethostname()}:{where}"
 
 
 class Services:
@@ -152,8 +158,10 @@ class Services:
                                    handled_types=config.handled_types,
                                    max_payload_bytes=config.max_payload_bytes,
                                    connect_timeout=timeout, pooled=pooled,
-                                   on_enqueued=count_scheduled)
-        self.limit_writer = LimitWriter(dsn, limits=config.limits, set_by=limits_author(),
+                                   on_enqueued=count_scheduled,
+                                   daemon=daemon_identity(config))
+        self.limit_writer = LimitWriter(dsn, limits=config.limits,
+                                        daemon=daemon_identity(config),
                                         connect_timeout=timeout, pooled=pooled)
         self._threads = [self.keeper, reaper, self.health, self.retention, self.scheduler,
                          self.limit_writer]

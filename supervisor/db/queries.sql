@@ -952,42 +952,84 @@ WHERE c.oid = 'tasks'::regclass;
 -- daemon, on any host, agrees on what is due.
 SELECT now() AS now;
 
+-- name: create_schedule_states
+-- A row for each of these schedules that has none, recorded with this daemon's definition
+-- and starting at the pass's now (a new schedule's first instant is the first after it).
+-- Its own statement, committed before the pass locks the rows: two daemons creating the
+-- same rows wait for each other here, in name order, holding nothing else; the second
+-- finds the first's row and keeps it, whatever its own definition.
+INSERT INTO pgtaskd_schedule_state AS s
+    (name, definition, cron, timezone, through, created_at, updated_at)
+SELECT v.name, v.definition, v.cron, v.timezone, %(now)s, %(now)s, %(now)s
+FROM unnest(%(names)s::text[], %(definitions)s::text[], %(crons)s::text[],
+            %(timezones)s::text[]) AS v(name, definition, cron, timezone)
+ORDER BY v.name
+ON CONFLICT (name) DO NOTHING
+RETURNING name;
+
 -- name: lock_schedule_states
 -- The state of these schedules, locked until the pass that read it commits: passes of other
 -- daemons over the same schedules wait (in name order, so never in a cycle) and then see what
--- this one enqueued. A schedule without a row yet is not locked: two first passes may run at
--- once, and their tasks' ids and save_schedule_states make that harmless.
-SELECT name, cron, timezone, through, last_enqueued
+-- this one enqueued. create_schedule_states made the rows first.
+SELECT name, definition, cron, timezone, through, last_enqueued, created_at, updated_at
 FROM pgtaskd_schedule_state
 WHERE name = ANY(%(names)s::text[])
 ORDER BY name
 FOR UPDATE;
 
+-- name: schedule_reports
+-- Every daemon's latest definition of these schedules (read under the state rows' locks:
+-- a pass that replaces a definition writes its report in the same transaction).
+SELECT name, daemon, definition, seen_at
+FROM pgtaskd_schedule_daemons
+WHERE name = ANY(%(names)s::text[]);
+
 -- name: save_schedule_states
--- Record what a pass handled, in the transaction that inserted its tasks. "through" only
--- moves forward for the same cron and time zone (two daemons' passes in either order leave
--- the later instant); a different expression replaces it, as a fresh start.
-INSERT INTO pgtaskd_schedule_state AS s
-    (name, cron, timezone, through, last_enqueued, last_task_id)
-SELECT * FROM unnest(%(names)s::text[], %(crons)s::text[], %(timezones)s::text[],
-                     %(throughs)s::timestamptz[], %(last_enqueued)s::timestamptz[],
-                     %(last_task_ids)s::text[])
-ON CONFLICT (name) DO UPDATE SET
-    through = CASE WHEN (s.cron, s.timezone) = (EXCLUDED.cron, EXCLUDED.timezone)
-                   THEN greatest(s.through, EXCLUDED.through)
-                   ELSE EXCLUDED.through END,
-    cron = EXCLUDED.cron,
-    timezone = EXCLUDED.timezone,
-    last_task_id = CASE WHEN EXCLUDED.last_enqueued >= s.last_enqueued
-                             OR s.last_enqueued IS NULL AND EXCLUDED.last_enqueued IS NOT NULL
-                        THEN EXCLUDED.last_task_id ELSE s.last_task_id END,
-    last_enqueued = greatest(s.last_enqueued, EXCLUDED.last_enqueued),
-    updated_at = now();
+-- Record what a pass handled, in the transaction that inserted its tasks, on rows it holds
+-- locked. "through" only moves forward for the same cron and time zone (a late pass never
+-- moves it back); a different expression replaces it, as a fresh start.
+UPDATE pgtaskd_schedule_state AS s SET
+    through = CASE WHEN (s.cron, s.timezone) = (v.cron, v.timezone) AND isfinite(s.through)
+                   THEN greatest(s.through, v.through)
+                   ELSE v.through END,
+    definition = v.definition,
+    cron = v.cron,
+    timezone = v.timezone,
+    last_task_id = CASE WHEN v.last_enqueued >= s.last_enqueued
+                             OR s.last_enqueued IS NULL AND v.last_enqueued IS NOT NULL
+                        THEN v.last_task_id ELSE s.last_task_id END,
+    last_enqueued = greatest(s.last_enqueued, v.last_enqueued),
+    updated_at = %(now)s
+FROM unnest(%(names)s::text[], %(definitions)s::text[], %(crons)s::text[],
+            %(timezones)s::text[], %(throughs)s::timestamptz[],
+            %(last_enqueued)s::timestamptz[], %(last_task_ids)s::text[])
+     AS v(name, definition, cron, timezone, through, last_enqueued, last_task_id)
+WHERE s.name = v.name;
+
+-- name: report_schedule_definitions
+-- This daemon's definition of each of its schedules, as of this pass.
+INSERT INTO pgtaskd_schedule_daemons AS d (name, daemon, definition, seen_at)
+SELECT v.name, %(daemon)s, v.definition, %(now)s
+FROM unnest(%(names)s::text[], %(definitions)s::text[]) AS v(name, definition)
+ORDER BY v.name
+ON CONFLICT (name, daemon) DO UPDATE SET
+    definition = EXCLUDED.definition, seen_at = EXCLUDED.seen_at;
+
+-- name: forget_schedule_reports
+-- Reports of daemons gone for a day: long past TAKEOVER_AFTER, they tell nothing any more.
+DELETE FROM pgtaskd_schedule_daemons
+WHERE name = ANY(%(names)s::text[]) AND seen_at < %(before)s;
 
 -- name: schedule_runs
 -- For `pgtaskd schedules`: the newest instant any daemon enqueued for each of these
--- schedules, and that task's status now (NULL once it was deleted).
-SELECT s.name, s.last_enqueued, s.last_task_id, t.status AS last_status
+-- schedules, that task's status now (NULL once it was deleted), the definition in force,
+-- and the daemons that reported another one within %(window)s seconds.
+SELECT s.name, s.last_enqueued, s.last_task_id, t.status AS last_status,
+       s.definition AS recorded_definition,
+       ARRAY(SELECT d.daemon FROM pgtaskd_schedule_daemons AS d
+              WHERE d.name = s.name AND d.definition IS DISTINCT FROM s.definition
+                AND d.seen_at > now() - make_interval(secs => %(window)s)
+              ORDER BY d.daemon) AS disagreeing
 FROM pgtaskd_schedule_state AS s
 LEFT JOIN tasks AS t ON t.id = s.last_task_id
 WHERE s.name = ANY(%(names)s::text[]);
@@ -1005,12 +1047,13 @@ WITH before AS (
              WHERE task_type = %(task_type)s) AS max_running
 ),
 upserted AS (
-    INSERT INTO task_type_limits (task_type, max_running, updated_by)
-    VALUES (%(task_type)s, %(max_running)s, %(updated_by)s)
+    INSERT INTO task_type_limits (task_type, max_running, updated_by, from_claims)
+    VALUES (%(task_type)s, %(max_running)s, %(updated_by)s, %(from_claims)s)
     ON CONFLICT (task_type) DO UPDATE
         SET max_running = EXCLUDED.max_running, updated_at = now(),
-            updated_by = EXCLUDED.updated_by
+            updated_by = EXCLUDED.updated_by, from_claims = EXCLUDED.from_claims
         WHERE task_type_limits.max_running <> EXCLUDED.max_running
+           OR task_type_limits.from_claims <> EXCLUDED.from_claims
     RETURNING task_type
 ),
 added AS (
@@ -1034,10 +1077,16 @@ FROM before;
 -- Remove a limit: claims stop taking slots of the type from their next statement on. Slots
 -- still held stay until their tasks end (their renewals need them) and are ignored meanwhile;
 -- the others go now. Notifies as a raised limit does. No row: the type had no limit.
+-- The daemons' claims on it go too (%(with_claims)s, the operator's `limit TYPE off`): a
+-- daemon whose config still sets it claims it again at its next start or change of limits.
 WITH removed AS (
     DELETE FROM task_type_limits
     WHERE task_type = %(task_type)s
     RETURNING task_type, max_running
+),
+unclaimed AS (
+    DELETE FROM task_type_limit_claims
+    WHERE %(with_claims)s AND task_type = %(task_type)s
 ),
 pruned AS (
     DELETE FROM task_type_slots AS s
@@ -1051,9 +1100,49 @@ FROM removed;
 -- name: list_limits
 -- The global concurrency limits, each with how many of its slots a live lease holds now
 -- (running: at most max_running, more only for a moment after the limit was lowered).
+-- claims: each daemon's config setting ("host:config=N"), of which the smallest is in force
+-- (from_claims) unless an operator set the limit since.
 SELECT l.task_type, l.max_running, l.updated_at, l.updated_by,
        (SELECT count(*) FROM task_type_slots AS s
          WHERE s.task_type = l.task_type AND s.task_id IS NOT NULL
-           AND s.lease_until > now()) AS running
+           AND s.lease_until > now()) AS running,
+       l.from_claims,
+       ARRAY(SELECT c.daemon || '=' || c.max_running FROM task_type_limit_claims AS c
+              WHERE c.task_type = l.task_type ORDER BY c.daemon) AS claims
 FROM task_type_limits AS l
 ORDER BY l.task_type;
+
+-- name: lock_limit_claims
+-- One writer of a type's claims at a time, so that each one computes the limit from every
+-- claim committed before it (two daemons writing at once would each miss the other's).
+-- Taken in type order by every writer, so never in a cycle.
+SELECT pg_advisory_xact_lock(hashtextextended('pgtaskd task_type_limit_claims '
+                                              || %(task_type)s, 0));
+
+-- name: set_limit_claim
+INSERT INTO task_type_limit_claims (task_type, daemon, max_running)
+VALUES (%(task_type)s, %(daemon)s, %(max_running)s)
+ON CONFLICT (task_type, daemon) DO UPDATE
+    SET max_running = EXCLUDED.max_running, updated_at = now()
+    WHERE task_type_limit_claims.max_running <> EXCLUDED.max_running;
+
+-- name: drop_limit_claim
+DELETE FROM task_type_limit_claims WHERE task_type = %(task_type)s AND daemon = %(daemon)s;
+
+-- name: claimed_limit_types
+-- The types this daemon claims a limit on, for a start to drop those its config no longer has.
+SELECT task_type FROM task_type_limit_claims WHERE daemon = %(daemon)s ORDER BY task_type;
+
+-- name: limit_claims_of
+-- The smallest claim on a type and whose it is (the first such daemon by name), and whether
+-- the limit in force came from the claims. No claim: max_running is NULL. A claim above
+-- %(max_limit)s was written by hand (a config refuses it) and is not one: a billion slot
+-- rows would stall every writer.
+SELECT (SELECT c.max_running FROM task_type_limit_claims AS c
+         WHERE c.task_type = %(task_type)s AND c.max_running <= %(max_limit)s
+         ORDER BY c.max_running, c.daemon LIMIT 1) AS max_running,
+       (SELECT c.daemon FROM task_type_limit_claims AS c
+         WHERE c.task_type = %(task_type)s AND c.max_running <= %(max_limit)s
+         ORDER BY c.max_running, c.daemon LIMIT 1) AS daemon,
+       (SELECT l.from_claims FROM task_type_limits AS l
+         WHERE l.task_type = %(task_type)s) AS from_claims;

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import psycopg
 from psycopg.types.json import Jsonb
 
-from ..config import FINISHED_STATUSES, RetryConfig
+from ..config import FINISHED_STATUSES, MAX_LIMIT, RetryConfig
 from .loaders import TimeLoader, TimeOrNone, TimeOrText, cursor
 from .queries import QUERIES
 # The queue's figures for the health check and stats (re-exported: callers use store.*).
@@ -300,23 +300,43 @@ def list_pauses(conn, *, cap: int = 10_000) -> list[dict]:
 
 
 def set_task_type_limit(conn, task_type: str, max_running: int, *,
-                        updated_by: str | None) -> dict:
+                        updated_by: str | None, from_claims: bool = False) -> dict:
     """Set the global concurrency limit of a task type: {task_type, max_running, previous
-    (None if it had none), changed, notified (idle workers woken for a raised limit)}."""
+    (None if it had none), changed, notified (idle workers woken for a raised limit)}.
+    ``from_claims``: the limit is the daemons' smallest claim, not an operator's value."""
     return _one(conn, "set_task_type_limit", {"task_type": task_type, "max_running": max_running,
-                                              "updated_by": updated_by})
+                                              "updated_by": updated_by,
+                                              "from_claims": from_claims})
 
 
-def remove_task_type_limit(conn, task_type: str) -> dict | None:
-    """Remove a task type's global limit: {task_type, max_running, notified}, or None when it
-    had none."""
-    return _one(conn, "remove_task_type_limit", {"task_type": task_type})
+def remove_task_type_limit(conn, task_type: str, *, with_claims: bool = True) -> dict | None:
+    """Remove a task type's global limit (and, ``with_claims``, every daemon's claim on it):
+    {task_type, max_running, notified}, or None when it had none."""
+    return _one(conn, "remove_task_type_limit", {"task_type": task_type,
+                                                 "with_claims": with_claims})
 
 
 def list_limits(conn) -> list[dict]:
     """The global concurrency limits: {task_type, max_running, updated_at, updated_by,
-    running}, by type."""
+    running, from_claims, claims}, by type."""
     return _all(conn, "list_limits", {})
+
+
+def claim_limit(conn, task_type: str, daemon: str, max_running: int | None) -> dict:
+    """Set (or with None, drop) this daemon's claim on a type's limit, under the type's lock
+    for the rest of the transaction: {max_running (the smallest claim, None if none),
+    daemon (its holder), from_claims (None: no limit in force)}."""
+    params = {"task_type": task_type, "daemon": daemon, "max_running": max_running,
+              "max_limit": MAX_LIMIT}
+    _one(conn, "lock_limit_claims", params)
+    with conn.cursor() as cur:
+        cur.execute(QUERIES["drop_limit_claim" if max_running is None else "set_limit_claim"],
+                    params)
+    return _one(conn, "limit_claims_of", params)
+
+
+def claimed_limit_types(conn, daemon: str) -> list[str]:
+    return [row["task_type"] for row in _all(conn, "claimed_limit_types", {"daemon": daemon})]
 
 
 def list_tasks(conn, *, status: str | None, task_type: str | None, limit: int) -> list[dict]:
@@ -337,27 +357,3 @@ def tasks_schema(conn) -> str:
 def database_now(conn) -> datetime:
     """The database's clock (the transaction's start, inside a transaction)."""
     return _one(conn, "database_now", {})["now"]
-
-
-def lock_schedule_states(conn, names: Sequence[str]) -> dict[str, dict]:
-    """Schedule name -> {cron, timezone, through, last_enqueued} of those that have a row,
-    each locked until the caller's transaction ends."""
-    return {row["name"]: row for row in _all(conn, "lock_schedule_states", {"names": list(names)})}
-
-
-def save_schedule_states(conn, states: Sequence[dict]) -> None:
-    """Upsert rows of {name, cron, timezone, through, last_enqueued, last_task_id}."""
-    if not states:
-        return
-    with conn.cursor() as cur:
-        cur.execute(QUERIES["save_schedule_states"], {
-            "names": [s["name"] for s in states], "crons": [s["cron"] for s in states],
-            "timezones": [s["timezone"] for s in states],
-            "throughs": [s["through"] for s in states],
-            "last_enqueued": [s["last_enqueued"] for s in states],
-            "last_task_ids": [s["last_task_id"] for s in states]})
-
-
-def schedule_runs(conn, names: Sequence[str]) -> dict[str, dict]:
-    """Schedule name -> {last_enqueued, last_task_id, last_status} of those with a row."""
-    return {row["name"]: row for row in _all(conn, "schedule_runs", {"names": list(names)})}

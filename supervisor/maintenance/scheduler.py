@@ -8,6 +8,11 @@ same schedules wait for this one and then find its work done), decides what is d
 was missed (supervisor/scheduling/passes.py), and inserts the tasks and the new state in one
 transaction.
 
+Daemons whose configs give one schedule name different definitions do not mix them: only a
+daemon whose definition is the one the state row records enqueues (the rule is in
+supervisor/scheduling/definitions.py); each pass reports this daemon's definitions, and a
+disagreement is logged by every daemon that sees it, once per change.
+
 The thread sleeps until the next instant of any schedule (at most MAX_WAIT), and a reload
 wakes it with the new schedules. A daemon without schedules never opens its connection.
 """
@@ -15,13 +20,16 @@ wakes it with the new schedules. A daemon without schedules never opens its conn
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+import os
+import socket
+from datetime import datetime, timedelta, timezone
 from typing import Callable, Sequence
 
 from ..client import Client, SubmittedId
 from ..config import ScheduleConfig
-from ..db import store
+from ..db import schedule_states, store
 from ..logs import emit
+from ..scheduling.definitions import Report, Verdict, decide, definition_of
 from ..scheduling.passes import Plan, ScheduleState, next_instant, plan_pass
 from .service import PeriodicService
 
@@ -33,6 +41,8 @@ MAX_WAIT = 60.0
 RETRY_WAIT = 1.0
 # Waking a little after the instant, not at it: the database's now() must have reached it.
 WAKE_LATE = 0.005
+# Reports of a daemon not seen for this long are deleted (they stopped mattering long before).
+FORGET_REPORTS = timedelta(days=1)
 
 
 class Scheduler(PeriodicService):
@@ -41,9 +51,19 @@ class Scheduler(PeriodicService):
     def __init__(self, dsn: str, *, schedules: Sequence[ScheduleConfig],
                  handled_types: frozenset[str] = frozenset(),
                  max_payload_bytes: int, connect_timeout: float = 5.0, pooled: bool = False,
-                 on_enqueued: Callable[[str, int], None] | None = None):
+                 on_enqueued: Callable[[str, int], None] | None = None,
+                 daemon: str | None = None):
         super().__init__(dsn, MAX_WAIT, connect_timeout=connect_timeout, pooled=pooled)
         self.schedules: tuple[ScheduleConfig, ...] = tuple(schedules)
+        # Who this daemon is in the reports: its host and config file (services.py).
+        self.daemon = daemon or f"{socket.gethostname()}:{os.getpid()}"
+        # Schedule name -> this daemon's definition at its last pass: a reload that changes
+        # the recorded definition carries the schedule with it.
+        self._previous: dict[str, str] = {}
+        # The names whose state row this scheduler saw, so a pass creates only the others.
+        self._known: set[str] = set()
+        # Schedule name -> the disagreement last logged, so each is logged once.
+        self._conflicts: dict[str, tuple] = {}
         self.max_payload_bytes = max_payload_bytes
         self.on_enqueued = on_enqueued or (lambda name, count: None)
         self._wait = 0.0
@@ -81,25 +101,115 @@ class Scheduler(PeriodicService):
         if not schedules:
             return []
         conn = self.connection()
+        mine = {s.name: definition_of(s) for s in schedules}
+        self._create_states([s for s in schedules if s.name not in self._known], mine, now)
         with conn.transaction():
             now = (now or store.database_now(conn)).astimezone(timezone.utc)
-            rows = store.lock_schedule_states(conn, [s.name for s in schedules])
-            plans = [plan_pass(s, _state(rows.get(s.name)), now) for s in schedules]
+            rows = schedule_states.lock_schedule_states(conn, [s.name for s in schedules])
+            reports = schedule_states.schedule_reports(conn, [s.name for s in schedules])
+            verdicts: dict[str, Verdict] = {}
+            plans = []
+            for schedule in schedules:
+                row = rows.get(schedule.name)
+                if row is None:  # deleted since: the next pass creates it again
+                    self._known.discard(schedule.name)
+                    continue
+                verdict = verdicts[schedule.name] = self._decide(
+                    schedule.name, mine[schedule.name], row, reports.get(schedule.name, []), now)
+                if verdict.enqueues:
+                    plans.append(plan_pass(schedule, _state(row, now), now))
             # Rows are written in one order whatever the config's order, so that daemons
-            # whose first passes insert the same new rows at once wait on each other, never
-            # in a cycle.
+            # whose passes write the same rows at once wait on each other, never in a cycle.
             tasks = sorted((task for plan in plans for task in plan.tasks()),
                            key=lambda task: task["task_id"])
             client = Client(conn, max_payload_bytes=self.max_payload_bytes)
             ids = client.submit_many(tasks) if tasks else []
-            store.save_schedule_states(conn, sorted((_row(plan) for plan in plans if plan.save),
-                                                    key=lambda row: row["name"]))
+            saved = [_row(plan, mine[plan.schedule.name]) for plan in plans
+                     if plan.save or verdicts[plan.schedule.name].replaces
+                     or rows[plan.schedule.name]["through"] is None]
+            schedule_states.save_schedule_states(conn, sorted(saved, key=lambda r: r["name"]),
+                                                 now)
+            schedule_states.report_definitions(
+                conn, self.daemon, {name: mine[name] for name in verdicts}, now,
+                now - FORGET_REPORTS)
+        self._previous.update({name: mine[name] for name in verdicts})
         upcoming = next_instant(schedules, now)
         self._wait = MAX_WAIT if upcoming is None else min(
             MAX_WAIT, max(0.0, (upcoming - now).total_seconds()) + WAKE_LATE)
         created = [task_id for task_id in ids if task_id.created]
+        self.report_definitions(schedules, verdicts, rows, mine)
         self.report(plans, set(created))
         return created
+
+    def _create_states(self, new: list[ScheduleConfig], mine: dict[str, str],
+                       now: datetime | None) -> None:
+        """Rows for schedules this scheduler has not seen yet, committed on their own: a
+        new schedule starts at this moment, with this daemon's definition unless another
+        daemon's row came first."""
+        if not new:
+            return
+        conn = self.connection()
+        created_at = (now or store.database_now(conn)).astimezone(timezone.utc)
+        started = schedule_states.create_schedule_states(conn, [
+            {"name": s.name, "definition": mine[s.name], "cron": s.cron.expression,
+             "timezone": s.cron.timezone} for s in new], created_at)
+        self._known.update(s.name for s in new)
+        for schedule in new:
+            if schedule.name in started:
+                emit("schedule_started", schedule=schedule.name, cron=schedule.cron.expression,
+                     timezone=schedule.cron.timezone,
+                     next_run=_iso(schedule.cron.next_after(created_at)))
+
+    def _decide(self, name: str, mine: str, row: dict, rows: list[dict],
+                now: datetime) -> Verdict:
+        reports = [Report(r["daemon"], r["definition"], r["seen_at"]) for r in rows
+                   if r["seen_at"] is not None]
+        if name in self._previous:
+            previous = self._previous[name]
+        else:  # first pass since the start: what this daemon (host and config) said last
+            previous = next((r.definition for r in reports if r.daemon == self.daemon), None)
+        # An unreadable time says nothing of who holds the definition: as old as can be.
+        recorded_at = row["updated_at"] or datetime.min.replace(tzinfo=timezone.utc)
+        return decide(mine, row["definition"], previous=previous, recorded_at=recorded_at,
+                      reports=reports, me=self.daemon, now=now)
+
+    def report_definitions(self, schedules: Sequence[ScheduleConfig],
+                           verdicts: dict[str, Verdict], rows: dict[str, dict],
+                           mine: dict[str, str]) -> None:
+        """Log a replaced definition, and each disagreement once per change, on the daemon
+        kept out and on the ones that enqueue alike."""
+        for schedule in schedules:
+            name = schedule.name
+            verdict = verdicts.get(name)
+            if verdict is None:
+                continue
+            recorded = rows[name]["definition"]
+            if verdict.replaces in ("changed", "abandoned"):
+                emit("schedule_definition_replaced",
+                     logging.WARNING if verdict.replaces == "abandoned" else logging.INFO,
+                     schedule=name, reason=verdict.replaces, definition=_short(mine[name]),
+                     previous=_short(recorded))
+            if verdict.enqueues:
+                key = (("holding", frozenset((r.daemon, r.definition)
+                                             for r in verdict.disagreeing))
+                       if verdict.disagreeing else None)
+            else:
+                key = ("kept out", recorded)
+            if key == self._conflicts.get(name):
+                continue
+            if key is None:
+                self._conflicts.pop(name, None)
+                emit("schedule_conflict_resolved", schedule=name, definition=_short(mine[name]))
+                continue
+            self._conflicts[name] = key
+            emit("schedule_conflict", logging.WARNING, schedule=name, enqueues=verdict.enqueues,
+                 definition=_short(mine[name]),
+                 recorded=_short(mine[name] if verdict.enqueues else recorded),
+                 daemons=sorted({r.daemon for r in verdict.disagreeing}),
+                 action=("this daemon enqueues it; the daemons listed have another definition "
+                         "and enqueue nothing for it" if verdict.enqueues else
+                         "this daemon enqueues nothing for it until its definition matches "
+                         "the recorded one (make the configs agree)"))
 
     def report(self, plans: list[Plan], created: set[str]) -> None:
         """Log what changed: a start, missed instants, each task this daemon created."""
@@ -133,15 +243,17 @@ def warn_unhandled(schedules: Sequence[ScheduleConfig], handled_types: frozenset
                  task_type=schedule.task_type)
 
 
-def _state(row: dict | None) -> ScheduleState | None:
-    if row is None:
-        return None
-    return ScheduleState(row["cron"], row["timezone"], row["through"], row["last_enqueued"])
+def _state(row: dict, now: datetime) -> ScheduleState:
+    # A through no datetime holds was written by hand: start afresh from now rather than
+    # guess what it meant (cron and zone kept, so no other column changes).
+    return ScheduleState(row["cron"], row["timezone"], row["through"] or now,
+                         row["last_enqueued"])
 
 
-def _row(plan: Plan) -> dict:
+def _row(plan: Plan, definition: str) -> dict:
     state = plan.state()
-    return {"name": plan.schedule.name, "cron": state.cron, "timezone": state.timezone,
+    return {"name": plan.schedule.name, "definition": definition,
+            "cron": state.cron, "timezone": state.timezone,
             "through": state.through, "last_enqueued": state.last_enqueued,
             "last_task_id": (plan.schedule.task_id(state.last_enqueued)
                              if state.last_enqueued else None)}
@@ -149,3 +261,8 @@ def _row(plan: Plan) -> dict:
 
 def _iso(instant: datetime | None) -> str | None:
     return instant.astimezone(timezone.utc).isoformat() if instant else None
+
+
+def _short(definition: str | None) -> str | None:
+    """Enough of a definition's hash to tell two apart in a log line."""
+    return definition[:12] if definition else None

@@ -7,17 +7,19 @@ Each schedule has one row of state in the database, shared by every daemon: ``th
 instant up to which its instants were handled. A pass at ``now`` looks at the instants in
 (through, now]:
 
-- Those at most ON_TIME_GRACE old are on time, and always enqueued. The scheduler wakes at
-  each instant, so on a running daemon every instant is on time, even when a slow database
-  held a pass up for a few seconds.
+- An instant is on time while ``now - instant <= ON_TIME_GRACE``, ``now`` being the
+  database's clock at the pass that considers it (the one definition: every policy uses it).
+  On-time instants are always enqueued. The scheduler wakes at each instant, so on a running
+  daemon every instant is on time, even when a slow database held a pass up for a few seconds.
 - Older ones were missed: every daemon was down, or none could reach the database. The
   schedule's ``catch_up`` decides: ``all`` enqueues them, oldest first, but at most the newest
   ``max_catch_up``; ``latest`` only the most recent one; ``skip`` none.
 
 Every instant passed over still moves ``through``, so it is never considered again. A
 schedule seen for the first time, or whose cron or time zone differ from the ones its state
-was written with, starts afresh: nothing before it counts as missed, so a changed schedule
-never catches up on instants of an expression that was not in force.
+was written with, starts afresh at the pass's ``now``: its first instant is the first one
+after that (the state row's creation, for a new schedule), never one from before it existed,
+and a changed schedule never catches up on instants of an expression that was not in force.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from ..config import ScheduleConfig
 # A pass is late by a database round trip, or by the statement deadline when the database
 # is slow; an outage longer than this is downtime, whose instants the catch-up policy handles.
 ON_TIME_GRACE = timedelta(seconds=10)
+# Datetimes count microseconds: an instant exactly ON_TIME_GRACE old is on time, and
+# cron.newest() takes instants strictly after its start.
+_TICK = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -85,8 +90,8 @@ def plan_pass(schedule: ScheduleConfig, state: ScheduleState | None, now: dateti
     """The instants of ``schedule`` to enqueue at ``now``, given its state in the database."""
     cron = schedule.cron
     started = state is None or (state.cron, state.timezone) != (cron.expression, cron.timezone)
-    through = now - grace if started else state.through
-    cutoff = now - grace
+    through = now if started else state.through
+    cutoff = now - grace - _TICK  # the newest instant that is missed
     on_time = cron.newest(max(through, cutoff), now)
     missed = cron.newest(through, cutoff, _needed(schedule)) if through < cutoff else []
     if schedule.catch_up == "all":

@@ -331,3 +331,37 @@ def test_a_limit_set_between_two_claims_of_a_connection_binds_the_second(client,
     assert ids(claim(conn, "echo", limit=5)) == []
     client.remove_limit("echo")
     assert ids(claim(conn, "echo", limit=5)) == ["t2", "t3"]
+
+
+def test_config_claims_a_start_an_operator_and_a_hand_written_claim(client, conn):
+    """Each daemon's config is a claim, the smallest one binds: a start drops the claims its
+    config no longer makes; `limit TYPE N` holds until a daemon next writes that type;
+    `limit TYPE off` drops every claim; a claim no config could make is not one."""
+    from supervisor.maintenance.concurrency_limits import write_limits
+
+    def limits() -> dict[str, int]:
+        return {r["task_type"]: r["max_running"] for r in client.limits()}
+
+    write_limits(conn, {"echo": 4, "record": 3}, daemon="a", starting=True)
+    write_limits(conn, {"echo": 2}, daemon="b", starting=True)
+    assert limits() == {"echo": 2, "record": 3}
+    # a forged claim past what any config may set would make a billion slot rows
+    conn.execute("INSERT INTO task_type_limit_claims (task_type, daemon, max_running) "
+                 "VALUES ('echo', 'c', 2000000000), ('record', 'c', 2000000000)")
+    write_limits(conn, {"echo": 4}, daemon="a", starting=True)  # restarted without record
+    assert limits() == {"echo": 2}
+
+    client.set_limit("echo", 7)  # the operator's, over the claims
+    assert limits() == {"echo": 7}
+    write_limits(conn, {"echo": 1}, daemon="b", drop=frozenset({"echo"}))
+    assert limits() == {"echo": 1}
+    write_limits(conn, {}, daemon="b", drop=frozenset({"echo"}))
+    assert limits() == {"echo": 4}
+    assert client.limits()[0]["claims"] == ["a=4", "c=2000000000"]
+
+    assert client.remove_limit("echo")
+    assert conn.execute("SELECT count(*) FROM task_type_limit_claims "
+                        "WHERE task_type = 'echo'").fetchone()[0] == 0
+    client.set_limit("works", 5)
+    write_limits(conn, {}, daemon="a", starting=True)  # no claim on works: not a's to drop
+    assert limits() == {"works": 5}

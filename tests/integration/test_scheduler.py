@@ -14,9 +14,10 @@ import pytest
 
 from conftest import make_config, wait_until
 from supervisor import Client
-from supervisor.db import store
+from supervisor.db import schedule_states, store
 from supervisor.errors import UsageError
 from supervisor.maintenance.scheduler import Scheduler
+from supervisor.scheduling.definitions import TAKEOVER_AFTER, definition_of
 from supervisor.scheduling.passes import ON_TIME_GRACE
 
 pytest_plugins = ["worker_fixtures"]
@@ -46,7 +47,7 @@ def scheduled(conn, name: str | None = None) -> dict[str, dict]:
 
 def state_of(conn, name: str) -> dict | None:
     with conn.transaction():
-        return store.lock_schedule_states(conn, [name]).get(name)
+        return schedule_states.lock_schedule_states(conn, [name]).get(name)
 
 
 @pytest.fixture
@@ -89,12 +90,15 @@ def test_an_instant_becomes_one_task_due_at_it_and_named_by_it(db_dsn, conn, sch
 
 def test_a_pass_without_now_counts_on_the_databases_clock(db_dsn, conn, scheduler):
     (tick,) = schedules(db_dsn, tick={"cron": "* * * * * *", "task_type": "echo"})
-    created = scheduler(tick).run_once()
+    service = scheduler(tick)
+    # A start enqueues nothing from before the schedule existed: at most the instant of a
+    # second that began between the row's creation and the pass that followed it.
+    assert len(service.run_once()) <= 1
+    created_at = state_of(conn, "tick")["created_at"]
+    wait_until(lambda: service.run_once(), timeout=5, message="the next second's instant")
     database_now = conn.execute("SELECT now()").fetchone()[0]
-    # A start enqueues the seconds of the grace, the last at most the pass's own now.
-    assert 1 <= len(created) <= ON_TIME_GRACE.total_seconds() + 1
     instants = [row["scheduled_time"] for row in scheduled(conn).values()]
-    assert database_now - ON_TIME_GRACE - SECOND <= instants[0] and instants[-1] <= database_now
+    assert created_at < instants[0] and instants[-1] <= database_now
 
 
 def test_an_instant_someone_enqueued_already_is_left_as_it_is(db_dsn, conn, scheduler):
@@ -149,16 +153,78 @@ def test_two_daemons_enqueueing_the_same_windows_at_once_make_one_task_per_insta
     assert errors == []
 
     ids = list(scheduled(conn))
-    # Every instant in the window of the first pass (its grace) through the last, once.
-    first = start - ON_TIME_GRACE
-    expected = {f"schedule:seconds:{first + SECOND * s:%Y-%m-%dT%H:%M:%SZ}"
-                for s in range(1, 81)}
-    expected |= {f"schedule:fives:{first + SECOND * s:%Y-%m-%dT%H:%M:%SZ}"
-                 for s in range(5, 81, 5)}
-    expected |= {"schedule:minutes:2026-01-01T10:00:00Z", "schedule:minutes:2026-01-01T10:01:00Z"}
+    # Every instant after the first pass (the schedules' creation) through the last, once.
+    expected = {f"schedule:seconds:{start + SECOND * s:%Y-%m-%dT%H:%M:%SZ}"
+                for s in range(1, 71)}
+    expected |= {f"schedule:fives:{start + SECOND * s:%Y-%m-%dT%H:%M:%SZ}"
+                 for s in range(5, 71, 5)}
+    expected |= {"schedule:minutes:2026-01-01T10:01:00Z"}
     assert sorted(ids) == sorted(expected)
     # Each task was created by exactly one of the two.
     assert sorted(created[0] + created[1]) == sorted(expected)
+
+
+def test_a_definition_passes_only_to_a_daemon_that_held_it_or_after_nobody_did(
+        db_dsn, conn, scheduler, events):
+    """Daemons a and b give "s" different payloads. a's, recorded first, keeps it while a
+    runs, across a restart of b; once a is gone for TAKEOVER_AFTER, b takes it; a back with
+    its old config is kept out; b restarted with a new definition carries the schedule with
+    it, having held the recorded one."""
+    def hourly(version: int):
+        (s,) = schedules(db_dsn, s={"cron": "0 * * * *", "task_type": "echo",
+                                    "payload": {"v": version}})
+        return s
+
+    def versions() -> list[tuple[str, int]]:
+        return [(row["id"][-9:-4], row["payload"]["v"]) for row in scheduled(conn).values()]
+
+    a = scheduler(hourly(1), daemon="host-a:/etc/pgtaskd.yaml")
+    b = scheduler(hourly(2), daemon="host-b:/etc/pgtaskd.yaml")
+    a.run_once(now=at("2026-01-01T09:59:30"))
+    b.run_once(now=at("2026-01-01T09:59:40"))
+    (kept_out,) = events.of("schedule_conflict")
+    assert kept_out["enqueues"] is False and kept_out["daemons"] == []
+    a.run_once(now=at("2026-01-01T10:00:00"))
+    assert events.of("schedule_conflict")[-1]["daemons"] == ["host-b:/etc/pgtaskd.yaml"]
+    assert b.run_once(now=at("2026-01-01T10:00:00.5")) == []
+    b = scheduler(hourly(2), daemon="host-b:/etc/pgtaskd.yaml")  # a restart, same config
+    assert b.run_once(now=at("2026-01-01T10:00:01")) == []
+    assert versions() == [("10:00", 1)]
+    assert len(events.of("schedule_conflict")) == 3  # b's start logged it again, a's did not
+
+    # a stops; an hour later its definition is abandoned, and b's is in force.
+    b.run_once(now=at("2026-01-01T11:00:00"))
+    (taken,) = events.of("schedule_definition_replaced")
+    assert taken["reason"] == "abandoned"
+    assert versions() == [("10:00", 1), ("11:00", 2)]
+
+    b.run_once(now=at("2026-01-01T11:30:00"))  # a running daemon passes every minute
+    a = scheduler(hourly(1), daemon="host-a:/etc/pgtaskd.yaml")  # back, config unchanged
+    assert a.run_once(now=at("2026-01-01T11:30:01")) == []
+    b = scheduler(hourly(3), daemon="host-b:/etc/pgtaskd.yaml")  # restarted with a new one
+    b.run_once(now=at("2026-01-01T12:00:00"))
+    assert a.run_once(now=at("2026-01-01T12:00:01")) == []
+    assert events.of("schedule_definition_replaced")[-1]["reason"] == "changed"
+    assert versions() == [("10:00", 1), ("11:00", 2), ("12:00", 3)]
+    assert state_of(conn, "s")["definition"] == definition_of(hourly(3))
+
+
+def test_no_value_in_the_shared_rows_stops_a_pass(db_dsn, conn, scheduler):
+    """Any login may write the state and the reports: times no datetime holds and odd
+    definitions are read as what they are, and the other schedules go on."""
+    one, two = schedules(db_dsn, one={"cron": "0 * * * *", "task_type": "echo"},
+                         two={"cron": "0 * * * *", "task_type": "echo"})
+    service = scheduler(one, two, daemon="me")
+    service.run_once(now=at("2026-01-01T09:59:00"))
+    conn.execute("UPDATE pgtaskd_schedule_state SET through = 'infinity', "
+                 "updated_at = '-infinity' WHERE name = 'one'")
+    conn.execute("INSERT INTO pgtaskd_schedule_daemons VALUES ('one', 'x', '', 'infinity'), "
+                 "('two', 'y', repeat('z', 10000), '-infinity')")
+    assert service.run_once(now=at("2026-01-01T10:00:00")) == [
+        "schedule:two:2026-01-01T10:00:00Z"]
+    # one started afresh from that pass, and runs from its next instant on.
+    assert service.run_once(now=at("2026-01-01T11:00:00")) == [
+        "schedule:one:2026-01-01T11:00:00Z", "schedule:two:2026-01-01T11:00:00Z"]
 
 
 @pytest.mark.parametrize("policy, expected", [
@@ -170,7 +236,9 @@ def test_after_downtime_the_missed_instants_follow_the_policy(db_dsn, conn, sche
                                                               policy, expected):
     (hourly,) = schedules(db_dsn, hourly={"cron": "0 * * * *", "task_type": "echo",
                                           "catch_up": policy})
-    scheduler(hourly).run_once(now=at("2026-01-01T10:00:00"))
+    first = scheduler(hourly)
+    first.run_once(now=at("2026-01-01T09:59:30"))
+    first.run_once(now=at("2026-01-01T10:00:00"))
     assert list(scheduled(conn)) == ["schedule:hourly:2026-01-01T10:00:00Z"]
 
     # Every daemon was down from 10:00:30 to 15:20. The next daemon up is another one.
@@ -191,8 +259,9 @@ def test_all_catches_up_at_most_max_catch_up_of_a_long_outage(db_dsn, conn, sche
     scheduler(tick).run_once(now=at("2027-01-01T00:00:00"))  # a year of seconds missed
 
     ids = list(scheduled(conn))[before:]
-    assert len(ids) == 5 + ON_TIME_GRACE.total_seconds()
-    assert ids[0] == "schedule:tick:2026-12-31T23:59:46Z"
+    # The five newest missed, then the on-time ones: now - 10 s to now, both ends included.
+    assert len(ids) == 5 + ON_TIME_GRACE.total_seconds() + 1
+    assert ids[0] == "schedule:tick:2026-12-31T23:59:45Z"
     assert ids[-1] == "schedule:tick:2027-01-01T00:00:00Z"
 
 
@@ -230,6 +299,7 @@ def test_a_removed_schedule_stops_and_its_tasks_stay(db_dsn, conn, scheduler, ev
     kept, removed = schedules(db_dsn, kept={"cron": "0 * * * *", "task_type": "echo"},
                               removed={"cron": "30 * * * *", "task_type": "echo"})
     service = scheduler(kept, removed)
+    service.run_once(now=at("2026-01-01T09:59:00"))
     service.run_once(now=at("2026-01-01T10:00:00"))
     service.run_once(now=at("2026-01-01T10:30:00"))
 
@@ -319,7 +389,8 @@ def test_schedule_status_says_when_each_ran_and_runs_next(db_dsn, conn, schedule
         "task_type": "record", "catch_up": "latest",
         "next_run": last_hour + timedelta(hours=1), "last_run": last_hour,
         "last_task_id": f"schedule:hourly:{last_hour:%Y-%m-%dT%H:%M:%SZ}",
-        "last_status": "COMPLETED"}
+        "last_status": "COMPLETED", "definition": definition_of(hourly),
+        "recorded_definition": definition_of(hourly), "conflict": False, "disagreeing": []}
     assert status["never"]["last_run"] is None and status["never"]["last_status"] is None
     assert status["never"]["next_run"].month == 1 and status["never"]["next_run"].day == 1
     with Client(db_dsn) as client, pytest.raises(UsageError, match="from_config"):

@@ -120,3 +120,40 @@ def test_a_reload_writes_changed_limits_and_removes_only_its_own(start_daemon, d
         daemon.send(signal.SIGHUP)
         daemon.wait_for("limit_removed", since=mark, task_type="sleeps")
         assert [(r["task_type"], r["max_running"]) for r in client.limits()] == [("works", 5)]
+
+
+def test_a_limit_several_configs_set_is_each_ones_claim_and_the_smallest_binds(start_daemon,
+                                                                              db_dsn):
+    """Daemon A and B both set sleeps; A's reload without the line removes only A's claim,
+    and while several claims differ the smallest is the limit."""
+    def limit() -> list[tuple[str, int]]:
+        with Client(db_dsn) as client:
+            return [(r["task_type"], r["max_running"]) for r in client.limits()]
+
+    a = start_daemon("a", limits={"sleeps": 2})
+    b = start_daemon("b", limits={"sleeps": 2})  # the same write: a no-op before
+    assert limit() == [("sleeps", 2)]
+
+    mark = a.mark()
+    a.write_config({k: v for k, v in a.tree.items() if k != "limits"})
+    a.send(signal.SIGHUP)
+    a.wait_for("limits_applied", since=mark)
+    assert limit() == [("sleeps", 2)], "B's YAML still sets it"
+
+    mark = a.mark()
+    a.write_config({**a.tree, "limits": {"sleeps": 5}})
+    a.send(signal.SIGHUP)
+    a.wait_for("limits_applied", since=mark)
+    assert limit() == [("sleeps", 2)], "the smallest claim binds"
+
+    mark = b.mark()
+    b.write_config({k: v for k, v in b.tree.items() if k != "limits"})
+    b.send(signal.SIGHUP)
+    b.wait_for("limit_changed", since=mark, task_type="sleeps", max_running=5)
+    assert limit() == [("sleeps", 5)]
+
+    mark = a.mark()
+    a.write_config({k: v for k, v in a.tree.items() if k != "limits"})
+    a.send(signal.SIGHUP)
+    a.wait_for("limit_removed", since=mark, task_type="sleeps")
+    assert limit() == []

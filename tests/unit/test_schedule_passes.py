@@ -110,17 +110,31 @@ class TestCatchUp:
     def test_a_month_missed_every_second_costs_what_the_policy_keeps(self):
         s = schedule("* * * * * *", catch_up="all", max_catch_up=3)
         plan = plan_pass(s, state(s, at("2026-01-01T00:00:00")), at("2026-02-01T00:00:00"))
-        # The three newest missed ones, then the ten seconds of grace.
-        assert len(plan.instants) == 3 + 10 and plan.caught_up == 3
-        assert plan.instants[2] == at("2026-02-01T00:00:00") - ON_TIME_GRACE
+        # The three newest missed ones, then the eleven on-time seconds (now - 10 s to now).
+        assert len(plan.instants) == 3 + 11 and plan.caught_up == 3
+        assert plan.instants[2] == at("2026-02-01T00:00:00") - ON_TIME_GRACE - timedelta(seconds=1)
         assert plan.through == at("2026-02-01T00:00:00")
 
     def test_what_the_grace_spares_is_on_time_and_what_is_older_is_missed(self):
         s = schedule("* * * * * *", catch_up="skip")
         now = at("2026-01-01T10:01:00")
         plan = plan_pass(s, state(s, at("2026-01-01T10:00:00")), now)
-        assert plan.instants[0] == now - ON_TIME_GRACE + timedelta(seconds=1)
-        assert plan.instants[-1] == now and len(plan.instants) == 10
+        assert plan.instants[0] == now - ON_TIME_GRACE
+        assert plan.instants[-1] == now and len(plan.instants) == 11
+
+
+    @pytest.mark.parametrize("policy", ["skip", "latest", "all"])
+    def test_an_instant_is_on_time_up_to_the_tolerance_and_missed_past_it(self, policy):
+        """The one definition: on time while now - instant <= ON_TIME_GRACE; only a later
+        instant is missed, and only a missed one is the catch-up policy's to drop."""
+        s = schedule("0 * * * *", catch_up=policy)
+        through = at("2026-01-01T10:00:00")
+        on_time = plan_pass(s, state(s, through), at("2026-01-01T11:00:00") + ON_TIME_GRACE)
+        assert (hours(on_time), on_time.missed) == (["01 11:00:00"], 0)
+        late = plan_pass(s, state(s, through),
+                         at("2026-01-01T11:00:00") + ON_TIME_GRACE + timedelta(milliseconds=1))
+        assert late.missed == 1 and late.through == at("2026-01-01T11:00:00")
+        assert hours(late) == ([] if policy == "skip" else ["01 11:00:00"])
 
 
 class TestFreshStart:
@@ -128,12 +142,16 @@ class TestFreshStart:
         s = schedule(catch_up="all")
         plan = plan_pass(s, None, at("2026-01-01T10:30:00"))
         assert (plan.instants, plan.started, plan.save) == ((), True, True)
-        assert plan.through == at("2026-01-01T10:30:00") - ON_TIME_GRACE
+        assert plan.through == at("2026-01-01T10:30:00")
 
-    def test_a_new_schedule_takes_an_instant_that_just_came_due(self):
-        s = schedule()
+    def test_a_new_schedule_starts_at_the_first_instant_after_it_existed(self):
+        """Not at one within the tolerance before: that instant was never this schedule's."""
+        s = schedule("* * * * * *", catch_up="all")
         plan = plan_pass(s, None, at("2026-01-01T11:00:01"))
-        assert hours(plan) == ["01 11:00:00"] and plan.started
+        assert (plan.instants, plan.started, plan.through) == (
+            (), True, at("2026-01-01T11:00:01"))
+        again = plan_pass(s, plan.state(), at("2026-01-01T11:00:02.5"))
+        assert hours(again) == ["01 11:00:02"]
 
     def test_a_changed_cron_starts_afresh_instead_of_catching_up(self):
         old = schedule("0 3 * * *", catch_up="all")
