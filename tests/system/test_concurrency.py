@@ -36,7 +36,7 @@ def statuses(conn, names) -> dict[str, str]:
 
 def test_one_child_runs_threads_and_async_handlers_side_by_side(start_daemon, conn, tmp_path):
     log = tmp_path / "runs.log"
-    start_daemon(pools={"io": {"processes": 1, "concurrency": 12}})
+    d = start_daemon(pools={"io": {"processes": 1, "concurrency": 12}})
     names = [f"t{i}" for i in range(6)] + [f"a{i}" for i in range(6)]
     with conn.transaction():
         for name in names:
@@ -53,6 +53,7 @@ def test_one_child_runs_threads_and_async_handlers_side_by_side(start_daemon, co
     # A thread's CPU is its own; an async run's interleaves with the others', so none.
     assert all(rows[n]["cpu_seconds"] is not None for n in names if n[0] == "t"), rows
     assert all(rows[n]["cpu_seconds"] is None for n in names if n[0] == "a"), rows
+    assert not d.find("loop_error") and not d.find("settle_failed")
 
 
 def test_a_concurrent_child_never_holds_more_than_its_room(start_daemon, conn, tmp_path):
