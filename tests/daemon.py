@@ -50,6 +50,8 @@ HANDLER_TYPES = {
     "gated": "timed_handlers:gated",
     "sleeps_async": "timed_handlers:sleeps_async",
     "works_async": "timed_handlers:works_async",
+    "chatty": "timed_handlers:chatty",
+    "chatty_async": "timed_handlers:chatty_async",
 }
 
 

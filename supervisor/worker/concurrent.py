@@ -30,6 +30,7 @@ from typing import Callable, Mapping
 
 from ..config import Config
 from ..db import store
+from ..logs import enter_task
 from .leases import LeaseHolder
 from .task import Task
 
@@ -162,6 +163,8 @@ class ConcurrentRunning:
             self.leases.started(task, token, watched=False)
             started = time.monotonic()
             error: BaseException | None = None
+            # This asyncio task's own context: the other runs on the loop keep theirs.
+            enter_task(task.id, task.task_type)
             try:
                 await self.handlers[task.task_type](task)
             except BaseException as exc:  # noqa: BLE001 - as a plain handler's

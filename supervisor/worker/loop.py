@@ -32,7 +32,7 @@ from ..config import Config
 from ..db import store
 from ..db.deadline import within
 from ..errors import PermanentError, TaskCancelled, TaskTimedOut, one_line
-from ..logs import emit
+from ..logs import emit, enter_task, leave_task
 from .batches import BATCH_HOLD, BatchRunning
 from .concurrent import ConcurrentRunning
 from .failures import describe
@@ -352,6 +352,7 @@ class Worker(BatchRunning, ConcurrentRunning, Settling):
     def _call_handler(self, task: Task) -> BaseException | None:
         """Run the handler to its end; what it raised, if anything."""
         handler = self.handlers[task.task_type]
+        context = enter_task(task.id, task.task_type)
         try:
             if inspect.iscoroutinefunction(handler):
                 if self._event_loop is None:
@@ -369,6 +370,8 @@ class Worker(BatchRunning, ConcurrentRunning, Settling):
             if isinstance(exc, KeyboardInterrupt):
                 raise
             return exc
+        finally:
+            leave_task(context)
         return None
 
     def end(self, claim: store.Claim, task: Task, token: int, fields: dict,

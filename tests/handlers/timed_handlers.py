@@ -9,6 +9,7 @@ single O_APPEND writes, so concurrent runs never tear each other's.
 
 import asyncio
 import ctypes
+import logging
 import os
 import time
 
@@ -82,3 +83,17 @@ async def works_async(task):
             await asyncio.sleep(0.01)
     finally:
         _log(task, "end")
+
+
+async def chatty_async(task):
+    """Logs through the standard library around an await, as application code does."""
+    logging.getLogger("app").warning("before %s", task.id)
+    await asyncio.sleep(float(task.payload.get("seconds", 0.2)))
+    logging.getLogger("app").warning("after %s", task.id)
+
+
+def chatty(task):
+    """``chatty_async`` for a thread."""
+    logging.getLogger("app").warning("before %s", task.id)
+    time.sleep(float(task.payload.get("seconds", 0.2)))
+    logging.getLogger("app").warning("after %s", task.id)

@@ -56,6 +56,23 @@ def test_one_child_runs_threads_and_async_handlers_side_by_side(start_daemon, co
     assert not d.find("loop_error") and not d.find("settle_failed")
 
 
+def test_a_handlers_own_log_lines_name_its_task_among_many_at_once(start_daemon, conn):
+    d = start_daemon(pools={"io": {"processes": 1, "concurrency": 10}})
+    names = [f"c{i}" for i in range(10)]
+    with conn.transaction():
+        for i, name in enumerate(names):
+            add_task(conn, name, "chatty_async" if i % 2 else "chatty", {"seconds": 0.5})
+    wait_until(lambda: set(statuses(conn, names).values()) == {"COMPLETED"}, timeout=20,
+               message="every task to complete")
+    d.refresh()
+    lines = [e for e in d.events if e.get("logger") == "app"]
+    assert len(lines) == 20, lines
+    for line in lines:
+        assert line["message"].split()[1] == line["task_id"], line
+        assert line["task_type"] == ("chatty_async" if int(line["task_id"][1:]) % 2
+                                     else "chatty"), line
+
+
 def test_a_concurrent_child_never_holds_more_than_its_room(start_daemon, conn, tmp_path):
     log = tmp_path / "runs.log"
     start_daemon(pools={"io": {"processes": 1, "concurrency": 3}})
