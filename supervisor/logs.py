@@ -2,11 +2,14 @@
 
 Every record carries ``ts``, ``level``, ``event`` and ``pid``; callers add the task fields the
 seed asks for (``task_id``, ``worker_id``, ``task_type``, ``retry_count``, ``retry_delay``).
-Records from other libraries pass through the same formatter, so stderr stays parseable.
+Records from other libraries pass through the same formatter, so stderr stays parseable; one
+logged while a handler runs carries that task's ``task_id`` and ``task_type``, even when its
+child runs many tasks at once (the context is per thread and per asyncio task).
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import os
@@ -15,6 +18,18 @@ import time
 
 LOGGER_NAME = "pgtaskd"
 _logger = logging.getLogger(LOGGER_NAME)
+# The task whose handler runs in this thread or asyncio task: what its own log lines carry.
+_running_task: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "pgtaskd_running_task", default=None)
+
+
+def enter_task(task_id: str, task_type: str) -> contextvars.Token:
+    """Records logged from here on in this context name the task (undo with leave_task)."""
+    return _running_task.set({"task_id": task_id, "task_type": task_type})
+
+
+def leave_task(token: contextvars.Token) -> None:
+    _running_task.reset(token)
 
 
 def _line(created: float, level: str, event: str, pid: int, fields: dict | None) -> dict:
@@ -37,6 +52,9 @@ class JsonFormatter(logging.Formatter):
         elif record.name != LOGGER_NAME:
             body["logger"] = record.name
             body["message"] = record.getMessage()
+            task = _running_task.get()
+            if task is not None:
+                body.update(task)
         if record.exc_info and record.exc_info[0] is not None:
             body["exception"] = self.formatException(record.exc_info).splitlines()[-1]
         return json.dumps(body, default=str, separators=(",", ":"))

@@ -48,6 +48,10 @@ HANDLER_TYPES = {
     "holds_the_gil": "timed_handlers:holds_the_gil",
     "works": "timed_handlers:works",
     "gated": "timed_handlers:gated",
+    "sleeps_async": "timed_handlers:sleeps_async",
+    "works_async": "timed_handlers:works_async",
+    "chatty": "timed_handlers:chatty",
+    "chatty_async": "timed_handlers:chatty_async",
 }
 
 

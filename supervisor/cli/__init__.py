@@ -21,7 +21,7 @@ import psycopg
 from ..config import MAX_LIMIT, load_config
 from ..errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError
 from .argument_types import (limit_value, non_negative_int, parse_duration, parse_timestamp,
-                             positive_int)
+                             positive_int, work_milliseconds)
 
 EPILOG = textwrap.dedent("""\
     examples:
@@ -143,6 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=limit_value, default=None, metavar="N",
                        help="a global concurrency limit on the drained tasks' type, to "
                             "measure what a limit costs (default: none)")
+    bench.add_argument("--work-ms", type=work_milliseconds, default=0.0, metavar="MS",
+                       help="each drained task's handler waits MS milliseconds, as on a network "
+                            "call (default 0: a no-op)")
+    bench.add_argument("--concurrency", type=positive_int, default=1, metavar="N",
+                       help="tasks each worker process runs at once (pools.<name>.concurrency, "
+                            "default 1)")
+    bench.add_argument("--async", dest="async_handler", action="store_true",
+                       help="the drained handler is async def, run on each child's event loop")
 
     _add_task_commands(commands)
     return parser

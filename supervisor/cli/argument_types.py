@@ -69,3 +69,18 @@ def int_at_least(minimum: int):
 
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
+
+
+MAX_WORK_MS = 60_000.0
+
+
+def work_milliseconds(text: str) -> float:
+    """``--work-ms`` of the bench (an argparse type): finite, from 0 to a minute."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= MAX_WORK_MS:  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds from 0 to "
+                                         f"{MAX_WORK_MS:,.0f}, got {quote(text)}")
+    return value

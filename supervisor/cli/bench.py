@@ -59,6 +59,7 @@ def run_once(dsn: str, options: Options, workdir: Path, progress) -> dict:
             result["drain_per_second"] = drain["tasks_per_second"]
             result["cpu_us_per_task"] = drain["cpu_us_per_task"]
             result["memory_after_drain"] = daemon_memory(daemon)
+            result["concurrency"] = options.concurrency
             if options.latency_samples:
                 time.sleep(0.5)  # idle again: every worker waits for a wake-up
                 result["latency"] = measure_latency(daemon, conn, options.latency_samples,
@@ -85,6 +86,11 @@ def summarize(runs: list[dict]) -> dict:
     summary["memory_max_mib"] = {
         key: max((m[key] for m in memories if m[key] is not None), default=None)
         for key in ("supervisor_mib", "worker_max_mib")}
+    growth = [(run["memory_after_drain"]["worker_max_mib"] or 0)
+              - (run["memory_idle"]["worker_max_mib"] or 0) for run in runs]
+    if all("memory_after_drain" in run for run in runs) and runs[0].get("concurrency", 1) > 1:
+        summary["worker_mib_per_concurrent_task"] = \
+            max(statistics.median(growth), 0.0) / runs[0]["concurrency"]
     kinds = {kind for run in runs for kind in run["cpu_us_per_task"]}
     summary["cpu_us_per_task"] = {
         kind: statistics.median(run["cpu_us_per_task"].get(kind, 0) for run in runs)
@@ -97,9 +103,12 @@ def render(options: Options, target: str, runs: list[dict], summary: dict) -> st
         return "  ".join(f"{run[key]:>8,.0f}" for run in runs)
 
     ceiling = summary["ceiling_per_second"]
+    handler = ("async" if options.async_handler else "plain") + \
+        (f" handlers waiting {options.work_ms:g} ms" if options.work_ms else " no-op handlers")
     lines = [f"pgtaskd bench: {options.tasks:,} tasks, {options.processes} processes, "
-             f"batch size {options.batch_size}, {options.runs} runs, on {target}"
-             + (f", no-op tasks limited to {options.limit} at once" if options.limit else ""),
+             f"batch size {options.batch_size}, concurrency {options.concurrency}, {handler}, "
+             f"{options.runs} runs, on {target}"
+             + (f", limited to {options.limit} at once" if options.limit else ""),
              "",
              f"{'measurement':<34}{'median':>12}  {'% of ceiling':>12}   runs"]
     for label, key, pct in (("submit, one per call", "submit_per_second", False),
@@ -118,6 +127,10 @@ def render(options: Options, target: str, runs: list[dict], summary: dict) -> st
     memory = summary["memory_max_mib"]
     lines.append(f"{'memory, largest RSS (MiB)':<34}supervisor {memory['supervisor_mib'] or 0:.1f}, "
                  f"worker {memory['worker_max_mib'] or 0:.1f} (at idle and after the runs)")
+    if "worker_mib_per_concurrent_task" in summary:
+        lines.append(f"{'worker RSS per concurrent task':<34}"
+                     f"{summary['worker_mib_per_concurrent_task'] * 1024:,.0f} KiB (growth from "
+                     f"idle to after the drain, over {options.concurrency} tasks at once)")
     cpu = ", ".join(f"{kind} {value:,.0f}" for kind, value in summary["cpu_us_per_task"].items())
     lines.append(f"{'CPU per drained task (us)':<34}{cpu}")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from /proc.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -35,8 +36,23 @@ PROGRESS_EVERY = 0.5
 _SAMPLE = struct.Struct("!Id")
 
 
+# How long the drained handlers below wait, in milliseconds (set by BenchDaemon; inherited by
+# the daemon's children with the rest of its environment).
+WORK_MS_ENV = "PGTASKD_BENCH_WORK_MS"
+
+
 def noop(task) -> None:
     """The drain's handler: all the cost measured is pgtaskd's own."""
+
+
+def waits(task) -> None:
+    """The drain's handler for --work-ms: blocks as a plain function waiting on I/O does."""
+    time.sleep(float(os.environ.get(WORK_MS_ENV, 0)) / 1000)
+
+
+async def waits_async(task) -> None:
+    """The drain's handler for --work-ms --async: waits without holding the event loop."""
+    await asyncio.sleep(float(os.environ.get(WORK_MS_ENV, 0)) / 1000)
 
 
 def pickup(task) -> None:
@@ -55,12 +71,15 @@ class BenchDaemon:
         self.dsn = dsn
         self.options = options
         self.config_path = workdir / f"bench-{uuid.uuid4().hex[:8]}.yaml"
-        handlers = {"noop": "supervisor.cli.bench_daemon:noop",
+        drained = "waits_async" if options.async_handler else \
+            ("waits" if options.work_ms else "noop")
+        handlers = {"noop": f"supervisor.cli.bench_daemon:{drained}",
                     "pickup": "supervisor.cli.bench_daemon:pickup"}
         self.config_path.write_text(json.dumps({
             "handlers": {"path": str(workdir), "types": handlers},
             "pools": {"bench": {"processes": options.processes,
-                                "batch_size": options.batch_size}},
+                                "batch_size": options.batch_size,
+                                "concurrency": options.concurrency}},
             "metrics": {"listen": ""},
             "shutdown_timeout": 10,
         }))
@@ -71,7 +90,8 @@ class BenchDaemon:
         self.log = open(self.log_path, "a")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "supervisor.cli", "run", "-c", str(self.config_path)],
-            env={**os.environ, DSN_ENV: self.dsn}, stdout=subprocess.DEVNULL, stderr=self.log,
+            env={**os.environ, DSN_ENV: self.dsn, WORK_MS_ENV: str(self.options.work_ms)},
+            stdout=subprocess.DEVNULL, stderr=self.log,
             start_new_session=True)
         return self
 

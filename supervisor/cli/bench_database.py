@@ -39,6 +39,12 @@ class Options:
     latency_samples: int = 200
     limit: int | None = None
     """A global concurrency limit on the drained type (limits.<type>), to measure its cost."""
+    work_ms: float = 0.0
+    """How long each drained task's handler waits (0: a no-op), as a network call would."""
+    concurrency: int = 1
+    """Tasks each worker process runs at once (pools.<name>.concurrency)."""
+    async_handler: bool = False
+    """The drained handler is ``async def`` (run on the child's event loop) rather than plain."""
     as_json: bool = False
 
 

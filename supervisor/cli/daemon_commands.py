@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 
-from ..config import MAX_BATCH_SIZE, Config
+from ..config import MAX_BATCH_SIZE, MAX_CONCURRENCY, Config
 from ..db.connect import connect
 from ..db.migrate import migrate
 from ..db.redact import redact_dsn
@@ -139,10 +139,17 @@ def cmd_bench(args, config: Config) -> int:
 
     if args.batch_size > MAX_BATCH_SIZE:
         raise UsageError(f"--batch-size: must be at most {MAX_BATCH_SIZE}, got {args.batch_size}")
+    if args.concurrency > MAX_CONCURRENCY:
+        raise UsageError(f"--concurrency: must be at most {MAX_CONCURRENCY}, got "
+                         f"{args.concurrency}")
+    if args.concurrency > 1 and args.batch_size > 1:
+        raise UsageError("--batch-size: must be 1 with --concurrency above 1 (a concurrent "
+                         "child claims as much as it has room for)")
     return run_bench(config, Options(tasks=args.tasks, processes=args.processes,
                                      batch_size=args.batch_size, runs=args.runs,
                                      latency_samples=args.latency_samples, limit=args.limit,
-                                     as_json=args.json))
+                                     work_ms=args.work_ms, concurrency=args.concurrency,
+                                     async_handler=args.async_handler, as_json=args.json))
 
 
 def cmd_run(args, config: Config) -> int:

@@ -28,6 +28,9 @@ DEFAULT_METRICS_REQUEST_TIMEOUT = 5.0
 DEFAULT_DATA_DIR = "var/pgdata"
 DEFAULT_HANDLERS_PATH = "handlers"
 MAX_BATCH_SIZE = 1000
+# A child's claims at once (pools.<name>.concurrency): far past what one event loop serves
+# well, and each held claim is a lease the supervisor renews.
+MAX_CONCURRENCY = 1000
 # Each unit of a limit is a row that claims of its type may lock; far past any fleet's size.
 MAX_LIMIT = 10_000
 CANCEL_MODES = ("cooperative", "kill")

@@ -8,8 +8,8 @@ import re
 from typing import Any, Mapping
 
 from ..errors import quote
-from .defaults import (CANCEL_MODES, DEFAULT_HANDLERS_PATH, MAX_BATCH_SIZE, MAX_PROCESSES,
-                       MIN_TIMEOUT)
+from .defaults import (CANCEL_MODES, DEFAULT_HANDLERS_PATH, MAX_BATCH_SIZE, MAX_CONCURRENCY,
+                       MAX_PROCESSES, MIN_TIMEOUT)
 from .model import DEFAULT_POLICY, HandlersConfig, PoolConfig, RunPolicy
 from .validator import Validator, shown_key, type_name
 
@@ -74,7 +74,7 @@ def parse_pools(v: Validator, tree: Mapping, handlers: HandlersConfig) -> tuple[
             v.problem(where, f"must be a mapping, got {type_name(settings)}")
             continue
         v.unknown(settings, where, {"processes", "task_types", "batch_size",
-                                    "max_tasks_per_child", "max_memory_mb"})
+                                    "max_tasks_per_child", "max_memory_mb", "concurrency"})
         processes = v.integer(settings, "processes", where, 1, minimum=0,
                               maximum=MAX_PROCESSES)
         max_tasks = v.integer(settings, "max_tasks_per_child", where, None, minimum=1,
@@ -97,6 +97,32 @@ def parse_pools(v: Validator, tree: Mapping, handlers: HandlersConfig) -> tuple[
                     v.problem(f"{where}.task_types",
                               f"{quote(t)} has no handler under handlers.types")
             chosen = tuple(dict.fromkeys(task_types))
+        concurrency = v.integer(settings, "concurrency", where, 1, minimum=1,
+                                maximum=MAX_CONCURRENCY)
+        if concurrency > 1:
+            _check_concurrent(v, where, handlers, chosen, batch_size)
         pools.append(PoolConfig(name, processes, chosen, batch_size,
-                                max_tasks_per_child=max_tasks, max_memory_mb=max_memory))
+                                max_tasks_per_child=max_tasks, max_memory_mb=max_memory,
+                                concurrency=concurrency))
     return tuple(pools)
+
+
+def _check_concurrent(v: Validator, where: str, handlers: HandlersConfig,
+                      task_types: tuple[str, ...], batch_size: int) -> None:
+    """What a child running several tasks at once cannot honour, refused here rather than
+    half-kept at run time."""
+    if batch_size > 1:
+        # A concurrent child claims as many tasks as it has room for, and starts each at once:
+        # there is no batch left to wait in.
+        v.problem(f"{where}.batch_size", f"must be 1 when {where}.concurrency is above 1 (a "
+                                         "concurrent child claims as much as it has room for)")
+    for task_type in task_types:
+        policy = handlers.policy(task_type)
+        if not policy.watched:
+            continue
+        # A thread cannot be killed, and killing the child would end its other tasks too.
+        key = "timeout" if policy.timeout is not None else "cancel"
+        v.problem(f"handlers.types.{shown_key(task_type)}.{key}",
+                  f"cannot be enforced in {where}, whose concurrency is above 1 (the "
+                  f"supervisor can only kill a whole child): give {quote(task_type)} a pool "
+                  "with concurrency 1")

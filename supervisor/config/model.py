@@ -109,6 +109,15 @@ class PoolConfig:
     10% of it, so they do not all recycle at once) and is replaced; None: never."""
     max_memory_mb: float | None = None
     """A child whose resident memory is above this after a task exits and is replaced."""
+    concurrency: int = 1
+    """How many claims a child runs at once: plain handlers on that many threads, async ones
+    on one event loop (1: one task at a time, as the seed's loop)."""
+
+    @property
+    def board_slots(self) -> int:
+        """Claims a child may hold at once, each with a slot on its claim board: a concurrent
+        child's running tasks, and as many finished ones whose completion is not written."""
+        return self.batch_size if self.concurrency == 1 else 2 * self.concurrency
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,7 @@ def spawn_child(config: Config, pool: str, slot: int, generation: int, *, dsn: s
         emit("worker_spawn_failed", logging.ERROR, pool=pool, slot=slot, error=str(exc))
         return None
     try:
-        board = ClaimBoard.create(pool_config.batch_size if pool_config else 1)
+        board = ClaimBoard.create(pool_config.board_slots if pool_config else 1)
     except OSError as exc:
         parent_end.close()
         child_end.close()

@@ -14,7 +14,7 @@ DEMO_TASKS = [
     ("flaky", {"fail_times": 2}, 0),
     ("flaky", {"permanent": True}, 0),
     ("report", {"steps": 6, "step_seconds": 0.5}, 0),
-]
+] + [("notify", {"to": f"user-{n}", "latency": 0.5}, 0) for n in range(5)]
 
 
 def submit_demo_tasks(conn) -> list[str]:

@@ -11,6 +11,7 @@ process instead, through the same keeper code, with the GIL caveat that implies.
 
 from __future__ import annotations
 
+import heapq
 import os
 import select
 import threading
@@ -18,7 +19,7 @@ import time
 from typing import Protocol, Sequence
 
 from ..channel import Link
-from ..claim_board import FINISHED, STARTED, ClaimBoard, NoBoard
+from ..claim_board import CLAIMED, FINISHED, STARTED, ClaimBoard, NoBoard
 from ..config import Config
 from ..lease_keeper import Held, LeaseKeeper
 from .task import Task
@@ -79,7 +80,12 @@ class SupervisedLeases:
         # Where each claim's state is written for the supervisor to read if this child dies;
         # slot i holds the i-th claim of the current batch.
         self.board = board or NoBoard()
+        # token -> its slot, for the claims not settled yet. A slot is free again once its
+        # claim settled: the word left there names a token whose final write landed, which the
+        # supervisor's token-conditioned settling would leave as it is.
         self._slots: dict[int, int] = {}
+        self._free_slots = list(range(self.board.slots))
+        self._slots_lock = threading.Lock()  # claims come from the loop, settlements from any
         self._settled: list[int] = []
         self._settled_lock = threading.Lock()  # the loop and its batch guard both report
         self._read_lock = threading.Lock()
@@ -106,20 +112,31 @@ class SupervisedLeases:
         claims = [[task.id, token, task.task_type] for task, token in zip(tasks, tokens)]
         if not self.link.send("claimed", claims=claims, done=self._take_settled()):
             return False
-        self._slots = {token: slot for slot, token in enumerate(tokens)}
-        self.board.claimed(list(tokens))
+        with self._slots_lock:
+            for token in tokens:
+                # Lowest free first: a lone batch always fills slots 0..n-1.
+                slot = heapq.heappop(self._free_slots) if self._free_slots else -1
+                self._slots[token] = slot
+                self.board.mark(slot, token, CLAIMED)
         return True
 
     def started(self, task: Task, token: int, *, watched: bool) -> None:
-        self.board.mark(self._slots.get(token, -1), token, STARTED)
+        with self._slots_lock:
+            self.board.mark(self._slots.get(token, -1), token, STARTED)
         if watched:
             self.link.send("started", token=token, task_id=task.id, task_type=task.task_type,
                            at=time.monotonic())
 
     def finished(self, token: int) -> None:
-        self.board.mark(self._slots.get(token, -1), token, FINISHED)
+        with self._slots_lock:
+            self.board.mark(self._slots.get(token, -1), token, FINISHED)
 
     def drop(self, tokens: Sequence[int]) -> None:
+        with self._slots_lock:
+            for token in tokens:
+                slot = self._slots.pop(token, -1)
+                if slot >= 0:
+                    heapq.heappush(self._free_slots, slot)
         with self._settled_lock:
             self._settled.extend(tokens)
 

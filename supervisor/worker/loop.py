@@ -16,6 +16,7 @@ counts and logs are in outcomes.py.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import inspect
 import logging
@@ -31,8 +32,9 @@ from ..config import Config
 from ..db import store
 from ..db.deadline import within
 from ..errors import PermanentError, TaskCancelled, TaskTimedOut, one_line
-from ..logs import emit
+from ..logs import emit, enter_task, leave_task
 from .batches import BATCH_HOLD, BatchRunning
+from .concurrent import ConcurrentRunning
 from .failures import describe
 from .final_writes import DB_ERRORS, STATEMENT_DEADLINE
 from .leases import LeaseHolder, LocalLeases
@@ -44,14 +46,18 @@ from .usage import RunMeter, current_rss_bytes
 MAX_LOOP_ERROR_BACKOFF = 10.0
 # Each child recycles after max_tasks_per_child tasks, give or take this fraction.
 RECYCLE_JITTER = 0.1
+# Connections lent to the handlers of one child at most (task.connection()); more handlers
+# wanting one at once wait their turn.
+MAX_HANDLER_CONNECTIONS = 16
 
 
-class Worker(BatchRunning, Settling):
+class Worker(BatchRunning, ConcurrentRunning, Settling):
     def __init__(self, config: Config, *, pool: ConnectionPool, handlers: Mapping[str, Callable],
                  worker_id: str, pool_name: str = "default", batch_size: int = 1,
                  leases: Callable[["Worker"], LeaseHolder] | None = None,
                  handler_dsn: str | None = None, owns_process: bool = False,
-                 max_tasks: int | None = None, max_memory_mb: float | None = None):
+                 max_tasks: int | None = None, max_memory_mb: float | None = None,
+                 concurrency: int = 1):
         self.config = config
         self.pool = pool
         # A worker that is a process of its own (a daemon's child, `pgtaskd worker`) kills
@@ -76,6 +82,10 @@ class Worker(BatchRunning, Settling):
         self.worker_id = worker_id
         self.pool_name = pool_name
         self.batch_size = max(1, batch_size)
+        # Above 1, the child runs that many claims at once (concurrent.py).
+        self.concurrency = max(1, concurrency)
+        # The event loop async handlers run on when this worker runs one task at a time.
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         # Who renews the leases: the supervisor for a daemon's child, else a keeper thread of
         # this process.
         self.leases: LeaseHolder = leases(self) if leases else LocalLeases(
@@ -124,7 +134,8 @@ class Worker(BatchRunning, Settling):
                 pool = open_pool(self.handler_dsn,
                                  connect_timeout=self.config.database.connect_timeout,
                                  name=f"pgtaskd {self.pool_name} handlers", min_size=0,
-                                 max_size=2, generic_plans=False,
+                                 max_size=min(max(2, self.concurrency), MAX_HANDLER_CONNECTIONS),
+                                 generic_plans=False,
                                  pooled=self.config.database.transaction_pooler)
                 pool.open()
                 self._handler_pool = pool
@@ -134,6 +145,8 @@ class Worker(BatchRunning, Settling):
         """Close the handlers' connections (the loop's pool is its creator's to close)."""
         if self._handler_pool is not None:
             self._handler_pool.close()
+        if self._event_loop is not None:
+            self._event_loop.close()
 
     def stop(self) -> None:
         """Finish the current task, write what is done, give back what never started."""
@@ -148,9 +161,12 @@ class Worker(BatchRunning, Settling):
     def run(self) -> None:
         """Claim and run tasks until asked to stop; the current task always finishes first."""
         emit("worker_started", worker_id=self.worker_id, pool=self.pool_name,
-             task_types=list(self.task_types), batch_size=self.batch_size)
+             task_types=list(self.task_types), batch_size=self.batch_size,
+             concurrency=self.concurrency)
         self.leases.start()
         try:
+            if self.concurrency > 1:
+                self.run_concurrently()
             while not self.stop_event.is_set():
                 # Cleared before the claim: a wake-up that arrives while it runs is kept.
                 self.wake_event.clear()
@@ -160,10 +176,7 @@ class Worker(BatchRunning, Settling):
                 except Exception as exc:  # the loop must survive anything but a stop
                     self._loop_error(exc, since)
                     continue
-                if self._error_streak:
-                    emit("loop_recovered", worker_id=self.worker_id, pool=self.pool_name,
-                         errors=self._error_streak)
-                self._error_streak = 0
+                self._claim_succeeded()
                 if batch:
                     self.run_batch(batch)
                     self._recycle_if_due()
@@ -217,6 +230,12 @@ class Worker(BatchRunning, Settling):
         if killed:
             emit("leftover_processes_killed", logging.WARNING, processes=killed, **fields)
 
+    def _claim_succeeded(self) -> None:
+        if self._error_streak:
+            emit("loop_recovered", worker_id=self.worker_id, pool=self.pool_name,
+                 errors=self._error_streak)
+        self._error_streak = 0
+
     def _loop_error(self, exc: BaseException, since: float) -> None:
         self._error_streak += 1
         metrics.LOOP_ERRORS.labels(self.pool_name).inc()
@@ -235,9 +254,11 @@ class Worker(BatchRunning, Settling):
 
     # -- claiming ---------------------------------------------------------------------------
 
-    def claim(self) -> list[tuple[Task, int]]:
-        """Write the completions waiting to be written and claim the next tasks, in one
-        statement; the claimed tasks with their tokens, in the order to run them."""
+    def claim(self, limit: int | None = None) -> list[tuple[Task, int]]:
+        """Write the completions waiting to be written and claim the next tasks (up to
+        ``limit``, else batch_size), in one statement; the claimed tasks with their tokens,
+        in the order to run them."""
+        limit = self.batch_size if limit is None else limit
         with self._batch:
             done, self._done = self._done, []
         if not self.task_types or self.stop_event.is_set():
@@ -251,11 +272,11 @@ class Worker(BatchRunning, Settling):
                     landed, rows = store.complete_and_claim(
                         conn, [d.claim for d in done], worker_id=self.worker_id,
                         task_types=self.task_types, lease_seconds=self.config.lease.seconds,
-                        limit=self.batch_size, usage=[d.usage for d in done])
+                        limit=limit, usage=[d.usage for d in done])
                 else:
                     landed, rows = set(), store.claim_tasks(
                         conn, worker_id=self.worker_id, task_types=self.task_types,
-                        lease_seconds=self.config.lease.seconds, limit=self.batch_size)
+                        lease_seconds=self.config.lease.seconds, limit=limit)
         except DB_ERRORS:
             # Neither part happened (or, if the answer alone was lost, both did: the
             # completions' retry below finds its own token and counts them as written).
@@ -277,54 +298,87 @@ class Worker(BatchRunning, Settling):
     # -- running ----------------------------------------------------------------------------
 
     def execute(self, task: Task, token: int) -> None:
+        self.guarded(task, token, self._run_and_settle)
+
+    def guarded(self, task: Task, token: int, run: Callable) -> None:
+        """``run(claim, task, token, fields)``, with whatever escapes it settled as lost."""
         claim = store.Claim(task.id, self.worker_id, token)
         fields = self._fields(task)
         try:
-            self._run_and_settle(claim, task, token, fields)
+            run(claim, task, token, fields)
         except Exception as exc:
-            # A bug on the way to the final write must not leave the claim renewed forever
-            # by a living worker: stop renewing it, and its lease expires into the reaper.
-            emit("settle_failed", logging.ERROR, error=describe(exc), exc_info=True, **fields)
-            with self._batch:
-                self._done = [d for d in self._done if d.claim.token != token]
-            self._record(token, Outcome("lost"), task, None)
+            self._settle_failed(exc, task, token, fields)
+
+    def _settle_failed(self, exc: BaseException, task: Task, token: int, fields: dict) -> None:
+        # A bug on the way to the final write must not leave the claim renewed forever by a
+        # living worker: stop renewing it, and its lease expires into the reaper.
+        emit("settle_failed", logging.ERROR, error=describe(exc), exc_info=exc, **fields)
+        with self._batch:
+            self._done = [d for d in self._done if d.claim.token != token]
+        self._record(token, Outcome("lost"), task, None)
 
     def _run_and_settle(self, claim: store.Claim, task: Task, token: int, fields: dict) -> None:
-        if task.undecodable is not None:
-            error = PermanentError(f"the payload cannot be read as JSON: "
-                                   f"{describe(task.undecodable)}")
-            self._record(token, self._fail(claim, task, error, True, fields), task, 0.0)
-            return
-        if task.is_cancelled():
-            # Lost while it waited in the batch (cancelled, or its lease passed on).
-            self._record(token, self._stopped_by_cancel(claim, task, fields), task, 0.0)
+        if not self.begin(claim, task, token, fields):
             return
         self.on_title(f"running {task.id}")
-        # Before the handler can do anything: a child that dies from here on is charged an
-        # attempt for this claim, and only for this one (its batch's waiting claims go back
-        # free); the supervisor also times the run of a type with a timeout or cancel: kill.
-        self.leases.started(task, token,
-                            watched=self.config.handlers.policy(task.task_type).watched)
         meter_start = self.meter.start()
         started = time.monotonic()
-        error: BaseException | None = None
-        try:
-            result = self.handlers[task.task_type](task)
-            if inspect.isawaitable(result) or inspect.isgenerator(result):
-                # Calling it did none of its work; recording COMPLETED would lose the task.
-                if hasattr(result, "close"):
-                    result.close()
-                raise PermanentError(f"the handler returned {type(result).__name__} instead of "
-                                     "running: handlers must be plain functions")
-        except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit is a failure too
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            error = exc
+        error = self._call_handler(task)
         duration = time.monotonic() - started
         usage = self.meter.stop(meter_start)
         self.tasks_run += 1
         if self.owns_process:
             self._kill_leftovers(fields)
+        self.end(claim, task, token, fields, error, duration, usage)
+
+    def begin(self, claim: store.Claim, task: Task, token: int, fields: dict) -> bool:
+        """Whether the handler may start now; if not, the claim is settled here."""
+        if task.undecodable is not None:
+            error = PermanentError(f"the payload cannot be read as JSON: "
+                                   f"{describe(task.undecodable)}")
+            self._record(token, self._fail(claim, task, error, True, fields), task, 0.0)
+            return False
+        if task.is_cancelled():
+            # Lost while it waited in the batch (cancelled, or its lease passed on).
+            self._record(token, self._stopped_by_cancel(claim, task, fields), task, 0.0)
+            return False
+        # Before the handler can do anything: a child that dies from here on is charged an
+        # attempt for this claim, and only for this one (its batch's waiting claims go back
+        # free); the supervisor also times the run of a type with a timeout or cancel: kill.
+        self.leases.started(task, token,
+                            watched=self.config.handlers.policy(task.task_type).watched)
+        return True
+
+    def _call_handler(self, task: Task) -> BaseException | None:
+        """Run the handler to its end; what it raised, if anything."""
+        handler = self.handlers[task.task_type]
+        context = enter_task(task.id, task.task_type)
+        try:
+            if inspect.iscoroutinefunction(handler):
+                if self._event_loop is None:
+                    self._event_loop = asyncio.new_event_loop()
+                self._event_loop.run_until_complete(handler(task))
+                return None
+            result = handler(task)
+            if inspect.isawaitable(result) or inspect.isgenerator(result):
+                # Calling it did none of its work; recording COMPLETED would lose the task.
+                if hasattr(result, "close"):
+                    result.close()
+                raise PermanentError(f"the handler returned {type(result).__name__} instead of "
+                                     "running: handlers must be plain or async def functions")
+        except BaseException as exc:  # noqa: BLE001 - a handler's SystemExit is a failure too
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return exc
+        finally:
+            leave_task(context)
+        return None
+
+    def end(self, claim: store.Claim, task: Task, token: int, fields: dict,
+            error: BaseException | None, duration: float,
+            usage: tuple[float | None, int | None]) -> None:
+        """Settle a run that is over: a success waits for its completion to be written (no
+        database work here), anything else is written now."""
         if task.timed_out and not isinstance(error, PermanentError):
             # The supervisor stopped the run: whatever the handler did after being told, it
             # counts as a failed attempt, so max_retries ends a task that always overruns.

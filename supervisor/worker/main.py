@@ -26,6 +26,7 @@ from ..db.connect import connect
 from ..errors import EXIT_BOOT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, OperationalError
 from ..logs import emit, setup_logging
 from .leases import SupervisedLeases
+from .concurrent import SETTLING_THREADS
 from .loop import Worker
 from .pools import open_pool
 from .usage import become_subreaper
@@ -73,20 +74,23 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: Link,
                              worker_id=worker_id, pool_name=pool_name):
         return EXIT_OK
     name = f"pgtaskd {pool_name}#{slot}"
+    # A concurrent child's failures and cancellations are written by several threads at once.
     pool = open_pool(dsn, connect_timeout=config.database.connect_timeout, name=name,
-                     pooled=config.database.transaction_pooler)
+                     pooled=config.database.transaction_pooler,
+                     max_size=2 if pool_config.concurrency == 1 else 2 + SETTLING_THREADS)
     try:
         pool.open(wait=True, timeout=max(config.database.connect_timeout, 1.0))
         # Under a supervisor, it renews the leases; on its own (pgtaskd worker), a keeper
         # thread of this process does.
-        board = None if board_fd is None else ClaimBoard(board_fd, pool_config.batch_size)
+        board = None if board_fd is None else ClaimBoard(board_fd, pool_config.board_slots)
         supervised = None if channel.closed else \
             (lambda w: SupervisedLeases(channel, w, pool_name=pool_name, board=board))
         worker = Worker(config, pool=pool, handlers=handlers, worker_id=worker_id,
                         pool_name=pool_name, batch_size=pool_config.batch_size, leases=supervised,
                         handler_dsn=dsn, owns_process=True,
                         max_tasks=pool_config.max_tasks_per_child,
-                        max_memory_mb=pool_config.max_memory_mb)
+                        max_memory_mb=pool_config.max_memory_mb,
+                        concurrency=pool_config.concurrency)
         worker.on_title = lambda state: proctitle.worker_title(pool_name, slot, state)
         on_worker(worker)
         if stop_event.is_set():

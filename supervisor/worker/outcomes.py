@@ -75,8 +75,11 @@ class Settling:
         if duration is not None:
             metrics.TASK_DURATION.labels(self.pool_name, task.task_type,
                                          outcome.name).observe(duration)
+        # A concurrent child measures a thread's CPU but no run's own peak memory, and an
+        # async run's neither (concurrent.py).
         if usage[0] is not None:
             metrics.TASK_CPU.labels(self.pool_name, task.task_type).observe(usage[0])
+        if usage[1] is not None:
             metrics.TASK_PEAK_RSS.labels(self.pool_name, task.task_type).observe(usage[1])
         if self.keep_outcomes:
             self.outcomes[token] = outcome

@@ -39,11 +39,10 @@ def load_handlers(path: Path, types: Mapping[str, str],
         if not callable(function):
             problems.append(f"{where}: module {module_name!r} has no function {function_name!r}")
             continue
-        if inspect.iscoroutinefunction(function) or inspect.isgeneratorfunction(function) \
-                or inspect.isasyncgenfunction(function):
+        if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
             # Calling one runs none of its body: the task would be recorded COMPLETED unrun.
-            problems.append(f"{where}: {spec} is an async or generator function; a handler "
-                            "must be a plain function")
+            problems.append(f"{where}: {spec} is a generator function; a handler must be a "
+                            "plain or async def function")
             continue
         handlers[task_type] = function
     if problems:

@@ -7,7 +7,9 @@ whatever happened to the database meanwhile (tests/executions.py reads the file)
 single O_APPEND writes, so concurrent runs never tear each other's.
 """
 
+import asyncio
 import ctypes
+import logging
 import os
 import time
 
@@ -61,3 +63,37 @@ def gated(task):
     while not os.path.exists(task.payload["gate"]) and time.monotonic() < deadline:
         time.sleep(0.01)
     _log(task, "end")
+
+
+async def sleeps_async(task):
+    """``sleeps`` for an event loop: waits ``payload.seconds`` without holding it."""
+    _log(task, "start")
+    await asyncio.sleep(float(task.payload.get("seconds", 1)))
+    _log(task, "end")
+
+
+async def works_async(task):
+    """``works`` for an event loop: checks at safe points and stops once the task is no
+    longer its own."""
+    _log(task, "start")
+    deadline = time.monotonic() + float(task.payload.get("seconds", 1))
+    try:
+        while time.monotonic() < deadline:
+            task.raise_if_cancelled()
+            await asyncio.sleep(0.01)
+    finally:
+        _log(task, "end")
+
+
+async def chatty_async(task):
+    """Logs through the standard library around an await, as application code does."""
+    logging.getLogger("app").warning("before %s", task.id)
+    await asyncio.sleep(float(task.payload.get("seconds", 0.2)))
+    logging.getLogger("app").warning("after %s", task.id)
+
+
+def chatty(task):
+    """``chatty_async`` for a thread."""
+    logging.getLogger("app").warning("before %s", task.id)
+    time.sleep(float(task.payload.get("seconds", 0.2)))
+    logging.getLogger("app").warning("after %s", task.id)

@@ -69,6 +69,34 @@ def test_three_daemons_of_four_children_never_run_more_than_the_limit(start_daem
         assert not daemon.find("loop_error") and not daemon.find("settle_failed")
 
 
+def test_a_limit_holds_across_daemons_whose_children_run_twenty_tasks_at_once(start_daemon, conn,
+                                                                              db_dsn, tmp_path):
+    limited_log, free_log = tmp_path / "limited.log", tmp_path / "free.log"
+    tree = dict(pools={"io": {"processes": 1, "concurrency": 20}}, limits={"sleeps_async": 2})
+    daemons = [start_daemon(f"d{n}", **tree) for n in range(3)]
+    for daemon in daemons:
+        daemon.wait_for("worker_booted")
+    limited, free = 40, 60
+    with Client(db_dsn) as client:
+        client.submit_many(
+            [{"task_type": "sleeps_async", "task_id": f"lim{n}", "priority": n % 3,
+              "payload": {"log": str(limited_log), "seconds": 0.1}} for n in range(limited)]
+            + [{"task_type": "sleeps", "task_id": f"free{n}", "priority": n % 3,
+                "payload": {"log": str(free_log), "seconds": 0.3}} for n in range(free)])
+    wait_until(lambda: completed(conn, "lim") == limited and completed(conn, "free") == free,
+               timeout=60, message="every task to complete")
+    limited_runs, free_runs = read_runs(limited_log), read_runs(free_log)
+    assert len(limited_runs) == limited and len(free_runs) == free
+    print(f"\nglobal limit 2 over 3 daemons x concurrency 20: at most "
+          f"{most_at_once(limited_runs)} limited runs at once, {most_at_once(free_runs)} "
+          "unlimited")
+    assert most_at_once(limited_runs) == 2
+    assert most_at_once(free_runs) > 20, "the unlimited type was held back"
+    for daemon in daemons:
+        assert daemon.returncode() is None
+        assert not daemon.find("loop_error") and not daemon.find("settle_failed")
+
+
 def test_a_slot_held_by_a_daemon_killed_with_9_returns_when_its_lease_does(start_daemon, conn,
                                                                           db_dsn, tmp_path):
     log = tmp_path / "runs.log"

@@ -141,6 +141,26 @@ def test_retry_bounds_are_checked():
     problem_for(problems, "retry.jitter")
 
 
+# -- concurrency ----------------------------------------------------------------------------
+
+
+def test_a_pool_runs_one_task_at_a_time_unless_told_otherwise():
+    tree = {"handlers": HANDLERS, "pools": {"io": {"concurrency": 64}, "cpu": {}}}
+    assert {p.name: p.concurrency for p in parse(tree).pools} == {"io": 64, "cpu": 1}
+
+
+def test_what_a_concurrent_child_cannot_honour_is_refused_naming_both_keys():
+    handlers = {"path": "handlers",
+                "types": {"mail": "m:send", "card": {"handler": "c:charge", "timeout": 30},
+                          "file": {"handler": "f:write", "cancel": "kill"}}}
+    problems = problems_of({"handlers": handlers,
+                            "pools": {"io": {"concurrency": 8, "batch_size": 5}}})
+    assert len(problems) == 3, problems
+    assert "pools.io.concurrency" in problem_for(problems, "pools.io.batch_size")
+    assert "pools.io" in problem_for(problems, "handlers.types.card.timeout")
+    assert "pools.io" in problem_for(problems, "handlers.types.file.cancel")
+
+
 # -- retention ------------------------------------------------------------------------------
 
 DAY = 86400.0

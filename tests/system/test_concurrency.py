@@ -1,0 +1,136 @@
+"""Many tasks at once in one child (pools.<name>.concurrency, issue 16): plain handlers on
+threads, async ones on an event loop, each claim with its own lease and state. Real daemons,
+real signals, every execution recorded outside the database."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from supervisor import Client
+
+from conftest import add_task, task_row, wait_until
+from executions import overlaps, read_runs
+
+pytestmark = pytest.mark.slow
+
+pytest_plugins = ["daemon"]
+
+
+def most_at_once(runs: list[dict]) -> int:
+    edges = sorted([(r["start"], 1) for r in runs] +
+                   [(r["end"] if r["end"] is not None else float("inf"), -1) for r in runs],
+                   key=lambda edge: (edge[0], edge[1]))
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def statuses(conn, names) -> dict[str, str]:
+    return {name: task_row(conn, name)["status"] for name in names}
+
+
+def test_one_child_runs_threads_and_async_handlers_side_by_side(start_daemon, conn, tmp_path):
+    log = tmp_path / "runs.log"
+    d = start_daemon(pools={"io": {"processes": 1, "concurrency": 12}})
+    names = [f"t{i}" for i in range(6)] + [f"a{i}" for i in range(6)]
+    with conn.transaction():
+        for name in names:
+            add_task(conn, name, "sleeps" if name[0] == "t" else "sleeps_async",
+                     {"log": str(log), "seconds": 1.5})
+    wait_until(lambda: set(statuses(conn, names).values()) == {"COMPLETED"}, timeout=20,
+               message="every task to complete")
+    runs = read_runs(log)
+    assert sorted(r["task_id"] for r in runs) == sorted(names), runs  # each ran once
+    assert len({r["pid"] for r in runs}) == 1
+    # All twelve in one child at once: 1.5 s each, run one after another, would take 18 s.
+    assert most_at_once(runs) == 12, runs
+    rows = {name: task_row(conn, name) for name in names}
+    # A thread's CPU is its own; an async run's interleaves with the others', so none.
+    assert all(rows[n]["cpu_seconds"] is not None for n in names if n[0] == "t"), rows
+    assert all(rows[n]["cpu_seconds"] is None for n in names if n[0] == "a"), rows
+    assert not d.find("loop_error") and not d.find("settle_failed")
+
+
+def test_a_handlers_own_log_lines_name_its_task_among_many_at_once(start_daemon, conn):
+    d = start_daemon(pools={"io": {"processes": 1, "concurrency": 10}})
+    names = [f"c{i}" for i in range(10)]
+    with conn.transaction():
+        for i, name in enumerate(names):
+            add_task(conn, name, "chatty_async" if i % 2 else "chatty", {"seconds": 0.5})
+    wait_until(lambda: set(statuses(conn, names).values()) == {"COMPLETED"}, timeout=20,
+               message="every task to complete")
+    d.refresh()
+    lines = [e for e in d.events if e.get("logger") == "app"]
+    assert len(lines) == 20, lines
+    for line in lines:
+        assert line["message"].split()[1] == line["task_id"], line
+        assert line["task_type"] == ("chatty_async" if int(line["task_id"][1:]) % 2
+                                     else "chatty"), line
+
+
+def test_a_concurrent_child_never_holds_more_than_its_room(start_daemon, conn, tmp_path):
+    log = tmp_path / "runs.log"
+    start_daemon(pools={"io": {"processes": 1, "concurrency": 3}})
+    names = [f"s{i}" for i in range(9)]
+    with conn.transaction():
+        for name in names:
+            add_task(conn, name, "sleeps_async", {"log": str(log), "seconds": 0.5})
+    wait_until(lambda: sum(s == "RUNNING" for s in statuses(conn, names).values()) == 3,
+               message="three tasks to run")
+    assert sum(s == "RUNNING" for s in statuses(conn, names).values()) == 3
+    wait_until(lambda: set(statuses(conn, names).values()) == {"COMPLETED"}, timeout=20,
+               message="every task to complete")
+    runs = read_runs(log)
+    assert most_at_once(runs) == 3, runs
+    assert not overlaps(runs)
+
+
+def test_a_killed_concurrent_child_charges_exactly_the_tasks_it_was_running(
+        start_daemon, conn, tmp_path):
+    """max_retries 0: an attempt charged to a task that was not running shows as FAILED."""
+    log, gate = tmp_path / "runs.log", tmp_path / "gate"
+    d = start_daemon(pools={"io": {"processes": 1, "concurrency": 4}})
+    (pid,) = d.children()
+    running = [f"g{i}" for i in range(4)]
+    queued = [f"q{i}" for i in range(3)]
+    with conn.transaction():
+        for rank, name in enumerate(running + queued):
+            add_task(conn, name, "gated" if name[0] == "g" else "sleeps",
+                     {"log": str(log), "gate": str(gate), "seconds": 0},
+                     priority=100 - rank, max_retries=0)
+    wait_until(lambda: {r["task_id"] for r in read_runs(log)} == set(running),
+               message="the four gated tasks to start")
+    assert statuses(conn, queued) == dict.fromkeys(queued, "PENDING")  # no room for them
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: set(statuses(conn, running + queued).values()) <= {"FAILED", "COMPLETED"},
+               timeout=30, message="every task to end")
+    assert statuses(conn, running) == dict.fromkeys(running, "FAILED")
+    assert all("died" in task_row(conn, n)["error_message"] for n in running)
+    assert statuses(conn, queued) == dict.fromkeys(queued, "COMPLETED")
+    assert [task_row(conn, n)["retry_count"] for n in queued] == [0, 0, 0]
+    assert sorted(r["task_id"] for r in read_runs(log)) == sorted(running + queued)
+
+
+def test_a_stop_lets_every_running_task_finish_and_a_cancel_reaches_its_own(
+        start_daemon, conn, tmp_path):
+    log = tmp_path / "runs.log"
+    d = start_daemon(shutdown_timeout=20, pools={"io": {"processes": 1, "concurrency": 4}})
+    names = ["w0", "w1", "w2", "w3"]
+    with conn.transaction():
+        for name in names:
+            add_task(conn, name, "works_async" if name in ("w0", "w1") else "works",
+                     {"log": str(log), "seconds": 3}, max_retries=0)
+    wait_until(lambda: len(read_runs(log)) == 4, message="four runs to start")
+    Client(d.dsn).cancel("w0")
+    wait_until(lambda: task_row(conn, "w0")["status"] == "CANCELLED", timeout=5,
+               message="the cancel to stop the async run")
+    assert all(r["end"] is None for r in read_runs(log) if r["task_id"] != "w0")
+    d.send(signal.SIGTERM)
+    assert d.wait_exit(20) == 0
+    assert statuses(conn, names[1:]) == dict.fromkeys(names[1:], "COMPLETED")
+    assert sorted(r["task_id"] for r in read_runs(log)) == names  # none ran twice
