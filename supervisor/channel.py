@@ -33,6 +33,10 @@ import threading
 
 # Far above any real message; a packet larger than this is refused by send(), not cut.
 MAX_PACKET = 256 * 1024
+# The longest task id a child reports to its supervisor. A client writes at most 200
+# characters; a longer id comes from plain SQL. As JSON one character takes at most 12 bytes,
+# so a claim stays under 50 KiB and a batch of them is split over packets (claim_packets).
+MAX_LINKED_ID_LENGTH = 4096
 # How long the child waits for room in the socket before it gives up on a message: only a
 # supervisor that stopped reading (SIGSTOP, a hang) ever makes it wait.
 CHILD_SEND_TIMEOUT = 10.0
@@ -49,6 +53,22 @@ def socket_pair() -> tuple[socket.socket, socket.socket]:
 
 def encode(kind: str, fields: dict) -> bytes:
     return json.dumps({"kind": kind, **fields}, default=str, separators=(",", ":")).encode()
+
+
+def claim_packets(claims: list[list], done: list[int]) -> list[dict]:
+    """The fields of "claimed" messages carrying ``claims`` (and ``done`` on the first), each
+    under MAX_PACKET: 150 ids of 200 emoji would be 360 KiB in one."""
+    packets, current, size = [], [], 0
+    budget = MAX_PACKET - 1024 - len(json.dumps(done))
+    for claim in claims:
+        cost = len(json.dumps(claim, separators=(",", ":"))) + 1
+        if current and size + cost > budget:
+            packets.append(current)
+            current, size, budget = [], 0, MAX_PACKET - 1024
+        current.append(claim)
+        size += cost
+    packets.append(current)
+    return [{"claims": chunk, "done": done if i == 0 else []} for i, chunk in enumerate(packets)]
 
 
 def decode(packet: bytes | memoryview) -> dict | None:

@@ -14,8 +14,10 @@ import time
 from typing import Sequence
 
 from .. import metrics
+from ..channel import MAX_LINKED_ID_LENGTH
 from ..config import Config
 from ..db import store
+from ..errors import PermanentError
 from ..lease_timing import stop_margin
 from ..logs import emit
 from .leases import LeaseHolder
@@ -91,6 +93,7 @@ class BatchRunning:
             task.lease_margin = stop_margin(self.config.lease.seconds)
             task.undecodable = error
             batch.append((task, row["lease_token"]))
+        batch = self._fail_unlinkable(batch)
         if not batch:
             return []
         tokens = [token for _, token in batch]
@@ -105,6 +108,23 @@ class BatchRunning:
         for task, token in batch:
             emit("task_claimed", token=token, attempt=task.attempts, **self._fields(task))
         return batch
+
+    def _fail_unlinkable(self, batch: list[tuple[Task, int]]) -> list[tuple[Task, int]]:
+        """Fail, once and for good, each claim whose id is too long to report to the
+        supervisor; the rest of the batch. Given back instead, it would be claimed again at
+        once, forever."""
+        kept = []
+        for task, token in batch:
+            if len(task.id) <= MAX_LINKED_ID_LENGTH:
+                kept.append((task, token))
+                continue
+            fields = {**self._fields(task), "task_id": task.id[:200] + "..."}
+            error = PermanentError(f"its id is {len(task.id)} characters long, more than a "
+                                   f"worker reports to its supervisor ({MAX_LINKED_ID_LENGTH}); "
+                                   "no client writes such an id")
+            self._record(token, self._fail(store.Claim(task.id, self.worker_id, token), task,
+                                           error, True, fields), task, 0.0)
+        return kept
 
     def _give_back(self, batch: Sequence[tuple[Task, int]], *, reason: str) -> None:
         """Release claims that never started, without spending a retry."""

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Protocol, Sequence
 
-from ..channel import Link
+from ..channel import Link, claim_packets
 from ..claim_board import CLAIMED, FINISHED, STARTED, ClaimBoard, NoBoard
 from ..config import Config
 from ..lease_keeper import Held, LeaseKeeper
@@ -110,8 +110,18 @@ class SupervisedLeases:
 
     def hold(self, tasks: Sequence[Task], tokens: Sequence[int]) -> bool:
         claims = [[task.id, token, task.task_type] for task, token in zip(tasks, tokens)]
-        if not self.link.send("claimed", claims=claims, done=self._take_settled()):
-            return False
+        settled = self._take_settled()
+        unsent = list(settled)  # what the supervisor must still hear of, should a send fail
+        for fields in claim_packets(claims, settled):
+            if not self.link.send("claimed", **fields):
+                # The caller gives every claim back; those the supervisor took are dropped
+                # from its keeper with the next message.
+                with self._settled_lock:
+                    self._settled.extend(unsent)
+                return False
+            if fields["done"]:
+                unsent.clear()
+            unsent.extend(token for _, token, _ in fields["claims"])
         with self._slots_lock:
             for token in tokens:
                 # Lowest free first: a lone batch always fills slots 0..n-1.
