@@ -17,6 +17,8 @@ Child to supervisor (``kind`` and its fields):
 
 Supervisor to child:
   wake                                      due work may be waiting: claim now
+  stop                                      finish what runs and exit (as SIGTERM says,
+                                            which a handler may have set to SIG_IGN)
   lease      tokens: [...], expires_at      renewed; valid until ``expires_at`` (monotonic)
   lost       token, reason                  the claim is gone (cancelled, or taken over)
 

@@ -26,6 +26,7 @@ import time
 from .. import proctitle
 from . import systemd
 from .child_links import ChildLinks
+from .child_stops import ChildStops
 from ..claim_board import CLAIMED, FINISHED, STARTED
 from .children import BOOT_TIMEOUT, Child, RestartPolicy, describe_exit, kill_group, spawn_child
 from ..config import Config
@@ -48,7 +49,7 @@ SIGNAL_NAMES = {signal.SIGHUP: "hup", signal.SIGTERM: "term", signal.SIGINT: "in
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
-class Arbiter(Reloading, Shutdown):
+class Arbiter(ChildStops, Reloading, Shutdown):
     def __init__(self, config: Config, *, migrate_on_start: bool = True, demo: bool = False):
         self.config = config
         self.migrate_on_start = migrate_on_start
@@ -286,45 +287,6 @@ class Arbiter(Reloading, Shutdown):
                 if self.spawn_worker(pool.name, slot, self.generation):
                     used.add(slot)
 
-    def stop_child(self, child: Child, reason: str, *, grace: float | None = None) -> None:
-        """Ask a child to finish its current task and exit.
-
-        A shutdown kills it after ``grace`` (shutdown_timeout by default). A reload or a
-        shrink waits for the running task however long it takes, unless ``reload_timeout``
-        is set: only then is the child killed, and its run counts as a failed attempt.
-        """
-        if child.stopping:
-            return
-        child.stopping = reason
-        if reason == "shutdown":
-            grace = self.config.shutdown_timeout if grace is None else grace
-        elif grace is None:
-            grace = self.config.reload_timeout
-        child.stop_grace = grace
-        child.kill_at = None if grace is None else time.monotonic() + grace
-        try:
-            child.process.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-
-    def kill_child(self, child: Child) -> None:
-        child.killed_by_us = True
-        kill_group(child)
-
-    def murder_stuck(self) -> None:
-        """SIGKILL children past their stop grace, and children that never booted."""
-        now = time.monotonic()
-        for child in list(self.children.values()):
-            if child.kill_at is not None and now >= child.kill_at and not child.killed_by_us:
-                emit("worker_stop_timeout", logging.WARNING, pool=child.pool, slot=child.slot,
-                     child_pid=child.pid, stopping=child.stopping,
-                     task_id=child.task_in_hand())
-                self.kill_child(child)
-            elif not child.booted and not child.stopping and not child.waiting_db \
-                    and now - child.started > BOOT_TIMEOUT:
-                child.boot_error = f"did not boot within {BOOT_TIMEOUT:g} s"
-                self.kill_child(child)
-
     def reap_children(self) -> None:
         """Collect every exited child: log how it ended, settle its claims, plan its restart.
 
@@ -402,6 +364,9 @@ class Arbiter(Reloading, Shutdown):
         worker = child.worker_id or child.label
         if child.stopping == "timeout":
             return f"worker {worker} killed: its task {child.timeout_reason}"
+        if child.unheard:
+            return (f"worker {worker} killed: its link to the supervisor closed while it ran "
+                    "the task (a handler closed its descriptors?)")
         if child.stopping in ("reload", "shrink") and child.killed_by_us \
                 and child.stop_grace is not None:
             # The grace it was stopped with: a reload may have changed reload_timeout (or

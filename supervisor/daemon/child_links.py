@@ -8,6 +8,7 @@ boots, fails to boot or waits for the database, and why it is about to exit.
 from __future__ import annotations
 
 import logging
+import time
 
 from .children import Child
 from ..logs import emit
@@ -36,6 +37,7 @@ class ChildLinks:
                      kind=str(message.get("kind"))[:40], error=repr(exc)[:200])
         if not open_:
             child.link.close()
+            child.link_closed_at = time.monotonic()
 
     def on_message(self, child: Child, message: dict) -> None:
         kind = message.get("kind")

@@ -43,6 +43,18 @@ FUSE_WINDOW = 60.0
 _PROGRESSING = frozenset("RSDIWP")
 
 
+# A child asked to stop that holds no claim has nothing left to finish; one still there after
+# this cannot leave (a thread its handler started keeps the interpreter from exiting) or did
+# not hear the request, and is killed rather than left running until the daemon stops.
+IDLE_STOP_GRACE = 5.0
+# How long a child whose link closed while it lives may finish what it runs: it can report
+# nothing, so it is stopped and then killed; its claims are renewed until then, so that no
+# other worker can start them while it may still be running them.
+UNHEARD_GRACE = 5.0
+# A link seen closed this long before the child is seen gone was not closed by its exit.
+UNHEARD_AFTER = 0.5
+
+
 @dataclass(eq=False)
 class Child:
     process: subprocess.Popen
@@ -64,6 +76,9 @@ class Child:
     board: ClaimBoard | None = None
     stopping: str | None = None  # why it was asked to stop: "shrink", "reload", "shutdown"
     kill_at: float | None = None  # when a stopping child gets SIGKILL (None: never)
+    stop_asked: float | None = None  # when it was asked to stop
+    link_closed_at: float | None = None  # when its link was seen closed, the child alive
+    unheard: bool = False  # retired because its link closed
     stop_grace: float | None = None  # the grace it was given when asked to stop
     killed_by_us: bool = False
     boot_error: str | None = None

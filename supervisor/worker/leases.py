@@ -62,6 +62,8 @@ class WorkerHooks(Protocol):
 
     def on_wake(self) -> None: ...
 
+    def on_stop(self) -> None: ...
+
 
 class SupervisedLeases:
     """A daemon child's side: the supervisor renews, an inbox thread listens.
@@ -172,11 +174,13 @@ class SupervisedLeases:
                 try:
                     readable, _, _ = select.select([fd, self._interrupt_r], [], [], left)
                 except (OSError, ValueError):
+                    self._unlinked()
                     return
                 if self._interrupt_r in readable:
                     _empty(self._interrupt_r)
                     return
                 if readable and not self._drain():
+                    self._unlinked()
                     return
         finally:
             self._busy.set()
@@ -200,11 +204,19 @@ class SupervisedLeases:
             try:
                 readable, _, _ = select.select([fd, self._park_r], [], [])
             except (OSError, ValueError):
+                self._unlinked()
                 return
             if self._park_r in readable:
                 _empty(self._park_r)
             elif readable and self._busy.is_set() and not self._drain():
-                return  # the supervisor is gone; PR_SET_PDEATHSIG stops this child
+                self._unlinked()
+                return
+
+    def _unlinked(self) -> None:
+        """The link is gone: the supervisor exited, or a handler closed the descriptor. No
+        claim could be renewed again, so the child stops after what it runs."""
+        if not self._stopping:
+            self.worker.on_stop()
 
     def _drain(self) -> bool:
         with self._read_lock:
@@ -219,6 +231,9 @@ class SupervisedLeases:
             self.worker.on_wake()
         elif kind == "lease":
             self.worker.on_renewed(message.get("tokens") or [], float(message["expires_at"]))
+        elif kind == "stop":
+            # Also sent as SIGTERM, which a handler may have set to SIG_IGN.
+            self.worker.on_stop()
         elif kind == "lost":
             self.worker.on_lost(message["token"], str(message.get("reason") or "lost"),
                                 bool(message.get("timed_out")))

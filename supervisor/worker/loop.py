@@ -125,6 +125,9 @@ class Worker(BatchRunning, ConcurrentRunning, Settling):
     def on_wake(self) -> None:
         self.wake_event.set()
 
+    def on_stop(self) -> None:
+        self.stop()
+
     def handler_connection(self):
         """A connection for a handler's own writes (autocommit), as a context manager."""
         if self.handler_dsn is None:

@@ -1,12 +1,18 @@
 """What a row or a handler can do to a child's link to its supervisor, and what it must not
 (issue 15, items 8, 15 and 16): an id too long for a packet, a handler that ignores SIGTERM,
-a handler that closes the link. Real daemons, real signals, real PostgreSQL."""
+one that closes the link, one that leaves a thread that keeps the child from exiting. Real daemons, real signals, real PostgreSQL."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
-from conftest import task_row, wait_until
+from conftest import add_task, task_row, wait_until
+from daemon import HANDLER_TYPES, pid_alive
+from executions import read_runs
+
+from supervisor.daemon.children import IDLE_STOP_GRACE
 
 pytestmark = pytest.mark.slow
 
@@ -32,3 +38,63 @@ def test_ids_too_long_for_one_packet_neither_spin_nor_stall_their_batch(start_da
     assert (row["attempts"], row["retry_count"]) == (1, 0)
     assert "50000 characters" in row["error_message"]
     assert not d.find("batch_released")
+
+
+HOSTILE_TYPES = {**HANDLER_TYPES, "deaf": "hostile_handlers:ignores_sigterm",
+                 "unlinks": "hostile_handlers:closes_descriptors",
+                 "threads": "hostile_handlers:leaves_a_thread"}
+
+
+def test_a_child_whose_handler_ignores_sigterm_still_leaves_on_a_reload(start_daemon, conn,
+                                                                        tmp_path):
+    """SIGTERM was the only request to stop: each reload left such a child (and its
+    connections) running until the daemon stopped."""
+    log = tmp_path / "runs.log"
+    d = start_daemon(handlers={"types": HOSTILE_TYPES}, pools={"default": {"processes": 1}})
+    (old,) = d.children()
+    add_task(conn, "deaf-1", "deaf", {"log": str(log), "seconds": 0})
+    wait_until(lambda: task_row(conn, "deaf-1")["status"] == "COMPLETED",
+               message="the task that sets SIGTERM to SIG_IGN to complete")
+    d.send(signal.SIGHUP)
+    d.wait_for("reload_finished", timeout=20)
+    wait_until(lambda: not pid_alive(old), timeout=5,
+               message="the child that ignores SIGTERM to leave after the reload")
+    assert old not in d.children()
+
+
+def test_a_child_whose_link_closed_is_retired_and_its_run_charged(start_daemon, conn,
+                                                                 tmp_path):
+    """A handler closed every descriptor, the child's link among them: the supervisor heard
+    nothing more from it and renewed its lease forever, the task RUNNING for good."""
+    log = tmp_path / "runs.log"
+    d = start_daemon(handlers={"types": HOSTILE_TYPES},
+                     lease={"seconds": 4, "renew_interval": 1},
+                     pools={"default": {"processes": 1}})
+    (old,) = d.children()
+    add_task(conn, "unlinks-1", "unlinks", {"log": str(log), "seconds": 60}, max_retries=0)
+    d.wait_for("worker_link_lost", timeout=10, child_pid=old)
+    wait_until(lambda: task_row(conn, "unlinks-1")["status"] == "FAILED", timeout=15,
+               message="the run of the child that cannot be heard to be charged")
+    assert "link to the supervisor closed" in task_row(conn, "unlinks-1")["error_message"]
+    assert not pid_alive(old)
+    runs = read_runs(log)
+    assert [r["task_id"] for r in runs] == ["unlinks-1"]  # not run again behind its back
+    add_task(conn, "after", "echo")
+    wait_until(lambda: task_row(conn, "after")["status"] == "COMPLETED", timeout=15,
+               message="the child that replaced it to run the next task")
+
+
+def test_a_child_that_cannot_exit_after_a_reload_is_killed_once_it_holds_nothing(
+        start_daemon, conn, tmp_path):
+    """A thread its handler left keeps the child's interpreter alive after its loop ended:
+    the child held nothing, yet stayed until the daemon stopped."""
+    log = tmp_path / "runs.log"
+    d = start_daemon(handlers={"types": HOSTILE_TYPES}, pools={"default": {"processes": 1}})
+    (old,) = d.children()
+    add_task(conn, "threads-1", "threads", {"log": str(log)})
+    wait_until(lambda: task_row(conn, "threads-1")["status"] == "COMPLETED",
+               message="the task that leaves a thread to complete")
+    d.send(signal.SIGHUP)
+    d.wait_for("worker_stopped", timeout=20, pid=old)
+    d.wait_for("worker_stop_unheeded", timeout=IDLE_STOP_GRACE + 5, child_pid=old)
+    wait_until(lambda: not pid_alive(old), timeout=5, message="the child to be gone")
