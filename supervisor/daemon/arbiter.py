@@ -35,6 +35,7 @@ from ..db.session import database_dsn
 from ..errors import EXIT_FAILURE, EXIT_OK, OperationalError
 from .open_files import raise_open_files_limit, restore_open_files_limit
 from ..logs import emit
+from ..process_tree import become_subreaper, kill_orphans
 from .reloads import Reload, Reloading
 from .run_policies import RunPolicies
 from .services import Services, cleanup_metrics_dir, prepare_metrics_dir, wait_for_database
@@ -104,6 +105,10 @@ class Arbiter(ChildStops, Reloading, Shutdown):
                                          on_cancelled=self.on_cancelled)
                 self.services.start()
                 self.links = ChildLinks(self.services, self.run_policies)
+                # After an embedded server started: its postmaster, once pg_ctl exited, must
+                # not become our child. From here on, what a dead child's handler left
+                # running comes to us, and is killed (kill_orphans).
+                become_subreaper()
                 try:
                     self.loop()
                 finally:
@@ -316,8 +321,10 @@ class Arbiter(ChildStops, Reloading, Shutdown):
         how = describe_exit(code, sent_by_us=child.killed_by_us)
         expected = child.stopping is not None and code == 0
         # Whatever its handlers started and left behind must not outlive it, whether or not
-        # it held a task.
+        # it held a task: its process group, and what left that group (setsid) and came to
+        # us when the child died.
         kill_group(child)
+        kill_orphans(set(self.children))
         emit("worker_exited", logging.INFO if expected else logging.ERROR, pool=child.pool,
              slot=child.slot, child_pid=child.pid, exit=how, lived_seconds=round(lived, 3),
              booted=child.booted, stopping=child.stopping,

@@ -26,6 +26,7 @@ from ..channel import Link, socket_pair
 from ..claim_board import ClaimBoard
 from ..config import CONFIG_SNAPSHOT_ENV, DSN_ENV, Config
 from ..logs import emit
+from ..process_tree import WORKER_OF_ENV
 
 # A child that does not say "booted" within this long is killed and counts as a boot failure.
 BOOT_TIMEOUT = 60.0
@@ -150,6 +151,7 @@ def child_environment(config: Config, *, dsn: str, metrics_dir: str) -> dict[str
     env = systemd.child_environment(dict(os.environ))
     env[DSN_ENV] = dsn
     env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    env[WORKER_OF_ENV] = str(os.getpid())
     # The config text this generation was loaded from: a child restarted after the file was
     # edited (or broken) without a reload must not pick up the file as it is now.
     env.pop(CONFIG_SNAPSHOT_ENV, None)

@@ -29,7 +29,7 @@ from .leases import SupervisedLeases
 from .concurrent import SETTLING_THREADS
 from .loop import Worker
 from .pools import open_pool
-from .usage import become_subreaper
+from ..process_tree import become_subreaper
 from .registry import load_handlers
 
 

@@ -6,19 +6,16 @@ high-water mark is reset before the handler starts (writing 5 to /proc/self/clea
 and read after (getrusage), which costs a few microseconds, not a read of /proc/self/status.
 Subprocesses' memory is not in that peak.
 
-``kill_leftovers`` ends the processes a handler started and left running: a run must not
-outlive its task. The worker is a child subreaper, so a handler's grandchildren whose parent
-exited are its children too, and found the same way.
+``kill_leftovers`` ends the processes a handler started and left running, and theirs: a run
+must not outlive its task (process_tree.py).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
-import signal
 
-PR_SET_CHILD_SUBREAPER = 36
+from ..process_tree import kill_children
 
 
 class RunMeter:
@@ -27,7 +24,6 @@ class RunMeter:
             self._clear_refs: int | None = os.open("/proc/self/clear_refs", os.O_WRONLY)
         except OSError:
             self._clear_refs = None  # not Linux, or not allowed: the peak is the process's
-        self._children_file = f"/proc/{os.getpid()}/task/{os.getpid()}/children"
 
     def start(self) -> tuple[float, float]:
         if self._clear_refs is not None:
@@ -45,23 +41,8 @@ class RunMeter:
         return round(max(cpu, 0.0), 6), own.ru_maxrss * 1024
 
     def kill_leftovers(self) -> int:
-        """SIGKILL and reap every child process still running; how many there were."""
-        try:
-            with open(self._children_file) as children:
-                pids = [int(pid) for pid in children.read().split()]
-        except (OSError, ValueError):
-            return 0
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in pids:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-        return len(pids)
+        """SIGKILL and reap every process the handler left, and what they started."""
+        return kill_children()
 
 
 def current_rss_bytes() -> int | None:
@@ -70,14 +51,6 @@ def current_rss_bytes() -> int | None:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
-
-
-def become_subreaper() -> None:
-    """Orphaned descendants of this process get it as their parent, not init (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
-    except (OSError, AttributeError):
-        pass
 
 
 def _cpu(who: int) -> float:

@@ -3,6 +3,7 @@ close every descriptor it did not open. Each logs its runs like timed_handlers."
 
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -32,4 +33,37 @@ def leaves_a_thread(task):
     cannot exit while it runs."""
     _log(task, "start")
     threading.Thread(target=time.sleep, args=(600,), name="left behind").start()
+    _log(task, "end")
+
+
+def _lines(path: str) -> int:
+    try:
+        with open(path) as pids:
+            return len(pids.read().split())
+    except FileNotFoundError:
+        return 0
+
+
+def _sleeper(pidfile: str) -> list[str]:
+    """A shell that writes its pid to ``pidfile`` and becomes ``sleep 600``."""
+    return ["sh", "-c", f'echo $$ >> "{pidfile}"; exec sleep 600']
+
+
+def leaves_processes(task):
+    """Starts three processes and returns without waiting for any: one from a thread of its
+    own, one as the background child of a shell that then becomes another program
+    (``sh -c 'x & exec y'``), one in a session of its own (setsid). Each writes its pid to
+    ``payload.pids``; then the handler sleeps ``payload.seconds``."""
+    pids = task.payload["pids"]
+    _log(task, "start")
+    started = threading.Thread(target=subprocess.Popen, args=(_sleeper(pids),))
+    started.start()
+    started.join()
+    inner = " ".join(_sleeper(pids)[:2]) + " '" + _sleeper(pids)[2].replace("'", "") + "'"
+    subprocess.Popen(["sh", "-c", f'echo $$ >> "{pids}"; {inner} & exec sleep 600'])
+    subprocess.Popen(_sleeper(pids), start_new_session=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _lines(pids) < 4:
+        time.sleep(0.01)  # each shell has written its pid: the leftovers all exist
+    time.sleep(float(task.payload.get("seconds", 0)))
     _log(task, "end")

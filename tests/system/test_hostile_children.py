@@ -1,9 +1,11 @@
 """What a row or a handler can do to a child's link to its supervisor, and what it must not
-(issue 15, items 8, 15 and 16): an id too long for a packet, a handler that ignores SIGTERM,
-one that closes the link, one that leaves a thread that keeps the child from exiting. Real daemons, real signals, real PostgreSQL."""
+(issue 15, items 8, 15, 16 and 19): an id too long for a packet, a handler that ignores
+SIGTERM, one that closes the link, one that leaves a thread that keeps the child from exiting,
+one that leaves processes where a single thread's list of children does not show them. Real daemons, real signals, real PostgreSQL."""
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -42,7 +44,8 @@ def test_ids_too_long_for_one_packet_neither_spin_nor_stall_their_batch(start_da
 
 HOSTILE_TYPES = {**HANDLER_TYPES, "deaf": "hostile_handlers:ignores_sigterm",
                  "unlinks": "hostile_handlers:closes_descriptors",
-                 "threads": "hostile_handlers:leaves_a_thread"}
+                 "threads": "hostile_handlers:leaves_a_thread",
+                 "spawns": "hostile_handlers:leaves_processes"}
 
 
 def test_a_child_whose_handler_ignores_sigterm_still_leaves_on_a_reload(start_daemon, conn,
@@ -98,3 +101,42 @@ def test_a_child_that_cannot_exit_after_a_reload_is_killed_once_it_holds_nothing
     d.wait_for("worker_stopped", timeout=20, pid=old)
     d.wait_for("worker_stop_unheeded", timeout=IDLE_STOP_GRACE + 5, child_pid=old)
     wait_until(lambda: not pid_alive(old), timeout=5, message="the child to be gone")
+
+
+def leftover_pids(path) -> list[int]:
+    """The pids the three leftovers wrote, once all four shells wrote theirs."""
+    try:
+        pids = [int(p) for p in path.read_text().split()]
+    except FileNotFoundError:
+        return []
+    return pids if len(pids) == 4 else []
+
+
+def test_what_a_handler_leaves_dies_after_its_task_from_any_thread_or_shell(start_daemon,
+                                                                            conn, tmp_path):
+    """Only the main thread's children were killed after a task, and only once: a process
+    started from a handler's thread, and the background child of ``sh -c 'x & exec y'``
+    (it reached the worker only as its parent was killed), outlived the task."""
+    log, pids = tmp_path / "runs.log", tmp_path / "pids"
+    start_daemon(handlers={"types": HOSTILE_TYPES}, pools={"default": {"processes": 1}})
+    add_task(conn, "spawns-1", "spawns", {"log": str(log), "pids": str(pids)})
+    wait_until(lambda: task_row(conn, "spawns-1")["status"] == "COMPLETED",
+               message="the task that leaves processes to complete")
+    left = wait_until(lambda: leftover_pids(pids), message="the four leftovers' pids")
+    wait_until(lambda: not any(pid_alive(p) for p in left), timeout=5,
+               message=f"every process the handler left to die: {left}")
+
+
+def test_what_a_killed_childs_handler_left_in_a_session_of_its_own_dies_too(start_daemon,
+                                                                          conn, tmp_path):
+    """Killing the child's process group missed a process its handler had put in a session
+    of its own: it went to init and outlived the daemon."""
+    log, pids = tmp_path / "runs.log", tmp_path / "pids"
+    d = start_daemon(handlers={"types": HOSTILE_TYPES}, pools={"default": {"processes": 1}})
+    (child,) = d.children()
+    add_task(conn, "spawns-2", "spawns", {"log": str(log), "pids": str(pids), "seconds": 60})
+    left = wait_until(lambda: leftover_pids(pids), message="the four leftovers' pids")
+    os.kill(child, signal.SIGKILL)
+    d.wait_for("worker_exited", child_pid=child)
+    wait_until(lambda: not any(pid_alive(p) for p in left), timeout=5,
+               message=f"every process the killed child's handler left to die: {left}")
