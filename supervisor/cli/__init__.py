@@ -20,6 +20,7 @@ import psycopg
 
 from ..config import MAX_LIMIT, load_config
 from ..errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError
+from .output import OutputLost
 from .argument_types import (limit_value, non_negative_int, parse_duration, parse_timestamp,
                              positive_int, work_milliseconds)
 
@@ -299,16 +300,37 @@ def _add_task_commands(commands) -> None:
         "pgtaskd schedules --json | jq -r '.[] | select(.last_status == \"FAILED\") | .name'")
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what could not be
+    written raises nothing more."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv=None) -> int:
     # A task name or payload in a terminal that cannot show it must not end in a traceback.
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     try:
-        return _dispatch(argv)
+        code = _dispatch(argv)
+        sys.stdout.flush()  # a full disk must show here, not in the interpreter's exit
+        return code
     except BrokenPipeError:
         # `pgtaskd list | head` closed the pipe: not an error worth reporting.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _silence_stdout()
+        return EXIT_FAILURE
+    except OutputLost as exc:
+        _silence_stdout()
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as exc:
+        if exc.filename is not None:
+            raise  # a file the command reads, not its output: not ours to word here
+        _silence_stdout()
+        print(f"error: could not write the output: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_FAILURE
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

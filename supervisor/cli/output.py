@@ -44,9 +44,16 @@ def _ascii_json(text: str) -> str:
     return re.sub(r"[^\x00-\x7f]", lambda m: json.dumps(m[0])[1:-1], text)
 
 
+class OutputLost(Exception):
+    """What a command did could not be printed, and the operator must know what it did."""
+
+
 def _json_value(value):
     if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).isoformat()
+        try:
+            return value.astimezone(timezone.utc).isoformat()
+        except OverflowError:
+            return value.isoformat()  # in UTC it would be before year 1: its own offset
     raise TypeError(f"cannot print {type(value).__name__} as JSON")
 
 
@@ -55,7 +62,14 @@ def human_time(value: datetime | str | None) -> str:
         return "-"
     if isinstance(value, str):  # a time a datetime cannot hold, as PostgreSQL writes it
         return value
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        utc = value.astimezone(timezone.utc)
+    except OverflowError:
+        # Loaded in a session zone east of UTC, a time just before year 1 in UTC is a time
+        # of year 1 there: shown with the offset it came with.
+        return value.isoformat(timespec="seconds")
+    # isoformat, not strftime: %Y writes year 1 as "1".
+    return utc.replace(tzinfo=None).isoformat(timespec="seconds") + "Z"
 
 
 def printable(text: str) -> str:

@@ -14,7 +14,7 @@ from ..db.loaders import StoredJson
 from ..db.queue_figures import COUNT_CAP
 from ..errors import EXIT_FAILURE, EXIT_OK, quote
 from .operator_input import arguments_named, read_payload
-from .output import human_time, print_json, printable, render_table, shown
+from .output import OutputLost, human_time, print_json, printable, render_table, shown
 
 
 class _Refused(Exception):
@@ -33,10 +33,20 @@ def cmd_submit(args, config: Config) -> int:
         if not task_id.created:
             existing = client.get(task_id)
             status = existing["status"] if existing else "unknown"
-    if args.json:
-        print_json({"id": task_id, "created": task_id.created, "status": status})
-    else:
-        print(task_id)
+    try:
+        if args.json:
+            print_json({"id": task_id, "created": task_id.created, "status": status})
+        else:
+            print(task_id)
+        sys.stdout.flush()
+    except OSError as exc:
+        if not task_id.created:
+            raise
+        # A script that retries on failure would enqueue the task twice without --id.
+        again = "do not submit it again without --id" if args.id is None \
+            else "submitting it again with the same --id creates nothing"
+        raise OutputLost(f"task {printable(task_id)} was submitted, but its id could not be "
+                         f"written ({exc.strerror or exc}); {again}") from exc
     if not task_id.created and args.unique_key is not None and task_id != args.id:
         print(f"note: task {printable(task_id)} holds unique key {quote(args.unique_key)} "
               f"({status}); nothing submitted", file=sys.stderr)

@@ -5,11 +5,13 @@ and a non-zero exit, never a traceback, a hang, or a secret on the screen."""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
 import time
 
+import psycopg
 import pytest
 
 from conftest import billion_laughs
@@ -234,3 +236,43 @@ def test_list_and_stats_show_tasks_with_times_python_cannot_hold(far_tasks):
             assert all(task_id in result.stdout for task_id in [*FAR_TIMES, "plain"])
         if command == ["stats", "--json"]:
             json.loads(result.stdout, parse_constant=lambda name: pytest.fail(name))
+
+
+def test_a_time_just_before_year_1_prints_in_a_session_zone_east_of_utc(far_tasks):
+    """Loaded in Asia/Tokyo, 0001-12-31 23:00 BC (UTC) is a time of year 1, and the UTC that
+    list and show printed it in was an OverflowError."""
+    tokyo = {"PGTZ": "Asia/Tokyo"}
+    far_tasks_conn = psycopg.connect(far_tasks, autocommit=True)
+    with far_tasks_conn:
+        far_tasks_conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) VALUES "
+                               "('eve', 'eve', 'echo', '0001-12-31 23:00:00+00 BC')")
+    for command in (["list"], ["list", "--json"], ["show", "eve"], ["show", "eve", "--json"]):
+        result = pgtaskd(*command, dsn=far_tasks, env=tokyo)
+        assert (result.returncode, result.stderr) == (0, ""), (command, result.stderr)
+        assert "0001-01-01T08:" in result.stdout, (command, result.stdout)
+
+
+def run_to_full_disk(*args: str, dsn: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PGTASKD_DSN": dsn}
+    with open("/dev/full", "w") as full:
+        return subprocess.run([sys.executable, "-m", "supervisor.cli", *args], stdout=full,
+                              stderr=subprocess.PIPE, text=True, env=environment, timeout=60)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_that_cannot_be_written_is_one_line_and_a_submit_says_it_was_made(db_dsn,
+                                                                                  conn):
+    """Every command's output to a full disk was a traceback; after a submit's, the task
+    existed, so a script retrying on the error enqueued it twice."""
+    made = run_to_full_disk("submit", "echo", dsn=db_dsn)
+    (task_id,) = [r[0] for r in conn.execute("SELECT id FROM tasks")]
+    assert made.returncode == 1 and "Traceback" not in made.stderr
+    assert made.stderr.splitlines() == [
+        f"error: task {task_id} was submitted, but its id could not be written (No space left "
+        "on device); do not submit it again without --id"]
+    for command in (["list"], ["stats", "--json"], ["show", task_id], ["submit", "echo",
+                                                                       "--id", task_id]):
+        result = run_to_full_disk(*command, dsn=db_dsn)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.splitlines() == [
+            "error: could not write the output: No space left on device"], command
