@@ -529,14 +529,23 @@ SELECT id, task_type, status, retry_count, retry_delay FROM rescued;
 -- for many daemons at once: SKIP LOCKED splits the batch and the UPDATE re-checks the lease.
 -- The slots (limited types) of the reaped claims are given back: their leases ran out with
 -- the tasks', so they are free already, but a slot row should not name a claim that ended.
+-- A RUNNING row with no lease at all (written by plain SQL: no claim leaves one) has no owner
+-- that renews it and no claim takes it over, so it counts as expired here. Each kind is one
+-- range of tasks_lease_idx (NULLs first: they are rare and would otherwise wait forever).
 WITH expired AS (
-    SELECT id, slot, lease_token
-    FROM tasks
-    WHERE status = 'RUNNING'
-      AND lease_until <= now()
-    ORDER BY lease_until
+    SELECT unleased.id, unleased.slot, unleased.lease_token FROM (
+        SELECT id, slot, lease_token FROM tasks
+        WHERE status = 'RUNNING' AND lease_until IS NULL
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED) AS unleased
+    UNION ALL
+    SELECT ran_out.id, ran_out.slot, ran_out.lease_token FROM (
+        SELECT id, slot, lease_token FROM tasks
+        WHERE status = 'RUNNING' AND lease_until <= now()
+        ORDER BY lease_until
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED) AS ran_out
     LIMIT %(batch_size)s
-    FOR UPDATE SKIP LOCKED
 ),
 reaped AS (
     UPDATE tasks AS t
@@ -549,8 +558,11 @@ reaped AS (
                               ELSE now() + pgtaskd_backoff(t.retry_count, %(base_delay)s,
                                                            %(max_delay)s, %(jitter)s) END,
         finished_at = CASE WHEN t.retry_count >= t.max_retries THEN now() ELSE NULL END,
-        error_message = 'lease of worker ' || coalesce(t.claimed_by, '?')
-                        || ' expired: the worker stopped renewing it',
+        error_message = CASE WHEN t.lease_until IS NULL
+                             THEN 'RUNNING under worker ' || coalesce(t.claimed_by, '?')
+                                  || ' with no lease (set by hand?): nobody renews it'
+                             ELSE 'lease of worker ' || coalesce(t.claimed_by, '?')
+                                  || ' expired: the worker stopped renewing it' END,
         claimed_by = NULL,
         lease_token = NULL,
         lease_until = NULL,
@@ -558,7 +570,7 @@ reaped AS (
     FROM expired
     WHERE t.id = expired.id
       AND t.status = 'RUNNING'
-      AND t.lease_until <= now()
+      AND (t.lease_until IS NULL OR t.lease_until <= now())
     RETURNING t.id, t.task_type, t.status, t.retry_count, t.error_message,
               CASE WHEN t.status = 'PENDING'
                    THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8

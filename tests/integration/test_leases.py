@@ -185,3 +185,22 @@ def test_lease_renewal_moves_lease_until_forward_while_the_handler_runs(conn, db
     assert len(seen) >= 4, f"lease_until moved only {len(seen) - 1} times in a 2.5 s run"
     assert (seen[-1] - first).total_seconds() > 1.5
     assert len(events.of("lease_renewed")) >= 3
+
+
+def test_a_running_row_without_a_lease_is_reaped_beside_expired_ones(conn):
+    # A row set to RUNNING by plain SQL with no lease_until: no owner renews it and no claim
+    # takes it over, so only the reaper can end it; it must not hide the expired ones.
+    add_task(conn, "no-lease", max_retries=0)
+    add_task(conn, "expired")
+    add_task(conn, "live")
+    conn.execute("UPDATE tasks SET status = 'RUNNING', claimed_by = 'someone', "
+                 "lease_token = 7, lease_until = NULL WHERE id = 'no-lease'")
+    claim(conn, "worker-a")
+    claim(conn, "worker-b")
+    expire_lease(conn, "expired")
+    reaped = store.reap_expired_leases(conn, batch_size=10, retry=NO_DELAY)
+    assert sorted((r["id"], r["status"]) for r in reaped) == [
+        ("expired", "PENDING"), ("no-lease", "FAILED")]
+    assert "no lease" in task_row(conn, "no-lease")["error_message"]
+    assert task_row(conn, "live")["status"] == "RUNNING"
+    assert store.reap_expired_leases(conn, batch_size=10, retry=NO_DELAY) == []
