@@ -43,11 +43,13 @@ class ChildStops:
         child.stop_grace = grace
         child.stop_asked = time.monotonic()
         child.kill_at = None if grace is None else child.stop_asked + grace
-        child.link.send("stop")
         try:
             child.process.send_signal(signal.SIGTERM)
         except ProcessLookupError:
             pass
+        # After the signal: a child that left at once on the message could take the signal
+        # while its interpreter exits, its handler reset, and die of it.
+        child.link.send("stop")
 
     def kill_child(self, child: Child) -> None:
         child.killed_by_us = True

@@ -215,8 +215,12 @@ def main(argv=None) -> int:
         emit("worker_boot_failed", error=f"no DSN: the supervisor passes it in ${DSN_ENV}")
         return EXIT_BOOT_FAILED
     channel = Link.from_fd(args.channel_fd)
-    return run_worker(config, pool_name=args.pool, slot=args.slot, dsn=dsn, channel=channel,
+    code = run_worker(config, pool_name=args.pool, slot=args.slot, dsn=dsn, channel=channel,
                       stop_event=stop_event, on_worker=workers.append, board_fd=args.claims_fd)
+    # The interpreter's exit resets our handler to the default, which a late SIGTERM (the
+    # supervisor's, after the link's "stop") would make a death by signal.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return code
 
 
 if __name__ == "__main__":
