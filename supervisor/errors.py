@@ -8,6 +8,9 @@ EXIT_OK = 0
 EXIT_FAILURE = 1  # operational failure: the database is unreachable, a task is missing
 EXIT_USAGE = 2  # the input was wrong: a bad argument, a bad config, a bad payload
 EXIT_BOOT_FAILED = 3  # a worker child could not import its handlers or reach the database
+# The database's schema cannot be used (newer than this code, or a migration it refuses):
+# restarting cannot help, so the systemd unit does not (RestartPreventExitStatus).
+EXIT_SCHEMA = 4
 
 
 def one_line(exc: BaseException, limit: int = 300, *, typed: bool = False) -> str:

@@ -24,7 +24,7 @@ def cmd_migrate(args, config: Config) -> int:
     with database_dsn(config) as dsn:
         with connect(dsn, connect_timeout=config.database.connect_timeout,
                      pooled=config.database.transaction_pooler) as conn:
-            applied = migrate(conn)
+            applied = migrate(conn, pooled=config.database.transaction_pooler)
     if args.json:
         print_json({"applied": [f"{m.version:04d}_{m.name}" for m in applied]})
     elif applied:
@@ -126,7 +126,7 @@ def cmd_worker(args, config: Config) -> int:
     with database_dsn(config) as dsn:
         with connect(dsn, connect_timeout=config.database.connect_timeout,
                      pooled=config.database.transaction_pooler) as conn:
-            migrate(conn)
+            migrate(conn, pooled=config.database.transaction_pooler)
         return run_worker(config, pool_name=pool_name, slot=1, dsn=dsn,
                           channel=Link(None, blocking=True), stop_event=stop_event,
                           on_worker=workers.append)

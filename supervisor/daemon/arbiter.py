@@ -32,7 +32,7 @@ from .children import BOOT_TIMEOUT, Child, RestartPolicy, describe_exit, kill_gr
 from ..config import Config
 from ..db.redact import redact_dsn
 from ..db.session import database_dsn
-from ..errors import EXIT_FAILURE, EXIT_OK, OperationalError
+from ..errors import EXIT_FAILURE, EXIT_OK, EXIT_SCHEMA, MigrationError, OperationalError
 from .open_files import raise_open_files_limit, restore_open_files_limit
 from ..logs import emit
 from ..process_tree import become_subreaper, kill_orphans
@@ -65,6 +65,7 @@ class Arbiter(ChildStops, Reloading, Shutdown):
         self.reload: Reload | None = None
         self.reload_requested = False
         self.stopping: str | None = None  # "graceful" or "quick"
+        self.schema_refused: str | None = None  # why, once a newer schema was found
         self.children_gone_at: float | None = None
         self.systemd_report = systemd.SystemdReport()
         self.dsn: str | None = None
@@ -102,7 +103,8 @@ class Arbiter(ChildStops, Reloading, Shutdown):
                 self.services = Services(self.config, dsn, self.metrics_dir,
                                          children=lambda: self.children_view,
                                          children_status=lambda: self.children_snapshot,
-                                         on_cancelled=self.on_cancelled)
+                                         on_cancelled=self.on_cancelled,
+                                         on_newer_schema=self.on_newer_schema)
                 self.services.start()
                 self.links = ChildLinks(self.services, self.run_policies)
                 # After an embedded server started: its postmaster, once pg_ctl exited, must
@@ -113,12 +115,19 @@ class Arbiter(ChildStops, Reloading, Shutdown):
                     self.loop()
                 finally:
                     self.services.stop()
+        except MigrationError as exc:
+            emit("supervisor_failed", logging.ERROR, error=str(exc))
+            systemd.notify("STOPPING=1", f"STATUS=failed: {exc}")
+            return EXIT_SCHEMA
         except OperationalError as exc:
             emit("supervisor_failed", logging.ERROR, error=str(exc))
             systemd.notify("STOPPING=1", f"STATUS=failed: {exc}")
             return EXIT_FAILURE
         finally:
             cleanup_metrics_dir(self.metrics_dir)
+        if self.schema_refused:
+            emit("supervisor_failed", logging.ERROR, error=self.schema_refused)
+            return EXIT_SCHEMA
         emit("supervisor_stopped")
         return EXIT_OK
 
@@ -190,6 +199,14 @@ class Arbiter(ChildStops, Reloading, Shutdown):
                 self.links.read(links[fd])
         return bool(ready) and all(fd != self._wake_r for fd, _ in ready)
 
+    def on_newer_schema(self, reason: str) -> None:
+        """The health check found a migration this code does not know (called from its
+        thread): stop as for SIGTERM, letting running tasks finish, and exit EXIT_SCHEMA."""
+        if self.schema_refused is None:
+            self.schema_refused = reason
+            emit("schema_newer", logging.ERROR, error=reason)
+            self.wake()
+
     def on_cancelled(self, task_id: str) -> None:
         """The database shows this task CANCELLED (called from the listener or the lease
         keeper): the main loop tells the child holding it, or kills it for a cancel: kill
@@ -219,6 +236,8 @@ class Arbiter(ChildStops, Reloading, Shutdown):
             pass
 
     def dispatch_signals(self) -> None:
+        if self.schema_refused and not self.stopping:
+            self.begin_stop("graceful", "newer schema")
         while self.signal_queue:
             signum = self.signal_queue.popleft()
             getattr(self, "handle_" + SIGNAL_NAMES[signum])()

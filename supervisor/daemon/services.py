@@ -22,7 +22,7 @@ import psycopg
 
 from ..config import Config
 from ..db.connect import LazyConnection
-from ..db.migrate import migrate
+from ..db.migrate import migrate, refuse_newer_schema
 from ..errors import MigrationError, OperationalError, one_line
 from ..logs import emit
 
@@ -66,9 +66,11 @@ def wait_for_database(config: Config, dsn: str, *, migrate_on_start: bool, demo:
             try:
                 conn = db.get()
                 if migrate_on_start:
-                    for migration in migrate(conn):
+                    for migration in migrate(conn, pooled=config.database.transaction_pooler):
                         emit("migration_applied", version=migration.version,
                              name=migration.name)
+                else:
+                    refuse_newer_schema(conn)
                 # Before any child claims: a limit must bind this daemon's first claims.
                 # Also without limits: a claim this daemon made before its config lost the
                 # line is dropped now.
@@ -109,13 +111,15 @@ class Services:
 
     def __init__(self, config: Config, dsn: str, metrics_dir: str, *,
                  children: Callable[[], Sequence], children_status: Callable,
-                 on_cancelled: Callable[[str], None] = lambda task_id: None):
+                 on_cancelled: Callable[[str], None] = lambda task_id: None,
+                 on_newer_schema: Callable[[str], None] = lambda reason: None):
         self.config = config
         self.dsn = dsn
         self.metrics_dir = metrics_dir
         self.children = children
         self.children_status = children_status
         self.on_cancelled = on_cancelled
+        self.on_newer_schema = on_newer_schema
         self.keeper = None
         self.relay = None
         self.retention = None
@@ -151,7 +155,8 @@ class Services:
                                     max_pending_age=config.health.max_pending_age,
                                     lease_grace=max(3 * config.reaper.interval, 10.0),
                                     children=self.children_status,
-                                    connect_timeout=timeout, pooled=pooled)
+                                    connect_timeout=timeout, pooled=pooled,
+                                    on_newer_schema=self.on_newer_schema)
         self.retention = RetentionService(dsn, policy=config.retention, connect_timeout=timeout,
                                           on_deleted=count_deleted, pooled=pooled)
         self.scheduler = Scheduler(dsn, schedules=config.schedules,

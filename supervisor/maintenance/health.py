@@ -21,6 +21,7 @@ from typing import Callable
 
 from ..config import FINISHED_STATUSES
 from ..db import store
+from ..db.migrate import newer_schema
 from ..db.queue_figures import AT_LEAST, HEALTH_COUNT_CAP
 from ..errors import one_line
 from .service import PeriodicService
@@ -115,8 +116,10 @@ class HealthChecker(PeriodicService):
 
     def __init__(self, dsn: str, *, interval: float, max_pending_age: float, lease_grace: float,
                  children: Callable[[], ChildrenStatus], connect_timeout: float = 5.0,
-                 pooled: bool = False):
+                 pooled: bool = False,
+                 on_newer_schema: Callable[[str], None] = lambda reason: None):
         super().__init__(dsn, interval, connect_timeout=connect_timeout, pooled=pooled)
+        self.on_newer_schema = on_newer_schema
         self.max_pending_age = max_pending_age
         self.lease_grace = lease_grace
         self.children = children
@@ -132,6 +135,11 @@ class HealthChecker(PeriodicService):
 
     def run_once(self) -> HealthReport:
         conn = self.connection()
+        # A newer pgtaskd migrated the database under us (a rolling upgrade): checked here,
+        # every interval, because claiming on may skip a rule the new schema adds.
+        newer = newer_schema(conn)
+        if newer:
+            self.on_newer_schema(newer)
         queue = store.queue_health(conn, max_pending_age=self.max_pending_age,
                                    lease_grace=self.lease_grace, cap=HEALTH_COUNT_CAP)
         live = store.live_counts(conn, cap=HEALTH_COUNT_CAP)

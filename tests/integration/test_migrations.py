@@ -14,6 +14,7 @@ from conftest import wait_until
 from supervisor.db import store
 from supervisor.db.migrate import MIGRATION_LOCK_KEY, available_migrations, migrate, \
     pending_migrations
+from supervisor.errors import MigrationError
 
 
 def applied_versions(conn) -> list[int]:
@@ -44,16 +45,18 @@ def test_two_concurrent_migrations_both_succeed_and_apply_once(empty_db_dsn):
 
     with psycopg.connect(empty_db_dsn, autocommit=True) as holder:
         # Hold the migration lock so that both migrations are sure to be waiting at once.
-        holder.execute("BEGIN")
-        holder.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        holder.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
         threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
         for thread in threads:
             thread.start()
+        # They ask for the lock again and again, never waiting inside the server (which
+        # would deadlock with a concurrent index build).
         wait_until(lambda: holder.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        ).fetchone()[0] == 2, message="both migrations to wait for the lock")
-        holder.execute("COMMIT")
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'migrator-%%' "
+            "AND query LIKE '%%pg_try_advisory_lock%%'").fetchone()[0] == 2,
+            message="both migrations to wait for the lock")
+        assert "a" not in results and "b" not in results
+        holder.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
         for thread in threads:
             thread.join(30)
 
@@ -114,3 +117,82 @@ def test_a_migration_that_the_database_refuses_is_one_line_and_applies_nothing(e
             "SELECT to_regclass('pgtaskd_schema_migrations'), "
             "to_regclass('pgtaskd_lease_token_seq')").fetchone()
     assert leftovers == (None, None)
+
+
+def test_index_builds_let_writers_through_while_they_wait(empty_db_dsn):
+    # A writer's transaction is open on a live table when the upgrade to 0002 starts. A plain
+    # CREATE INDEX queues for a lock behind it, and every later INSERT queues behind the
+    # build (before: the insert below timed out); a concurrent build lets them through.
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        migrate(conn, through=1)
+    errors = []
+    with psycopg.connect(empty_db_dsn, autocommit=True) as writer, \
+            psycopg.connect(empty_db_dsn, autocommit=True) as other:
+        writer.execute("BEGIN")
+        writer.execute("INSERT INTO tasks (id, name, task_type) VALUES ('open', 'n', 'echo')")
+
+        def upgrade() -> None:
+            try:
+                with psycopg.connect(empty_db_dsn, autocommit=True,
+                                     application_name="migrator") as conn:
+                    migrate(conn)
+            except Exception as exc:  # surfaced in the main thread below
+                errors.append(exc)
+
+        thread = threading.Thread(target=upgrade)
+        thread.start()
+        wait_until(lambda: other.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'migrator' "
+            "AND wait_event_type = 'Lock'").fetchone()[0] == 1,
+            message="the migration to wait for the open transaction")
+        other.execute("SET statement_timeout = '3s'")
+        other.execute("INSERT INTO tasks (id, name, task_type) VALUES ('during', 'n', 'echo')")
+        writer.execute("COMMIT")
+        thread.join(60)
+    assert not errors, errors
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        assert applied_versions(conn) == [m.version for m in available_migrations()]
+        invalid = conn.execute("SELECT count(*) FROM pg_index i JOIN pg_class c "
+                               "ON c.oid = i.indrelid WHERE c.relname = 'tasks' "
+                               "AND NOT i.indisvalid").fetchone()[0]
+        assert invalid == 0
+        assert conn.execute("SELECT count(*) FROM tasks").fetchone()[0] == 2
+
+
+def test_a_migration_cut_short_resumes_and_rebuilds_an_invalid_index(empty_db_dsn):
+    # As a crash during 0003's concurrent build leaves it: the column added and recorded as
+    # a done step, the unique index INVALID (its build failed on duplicate live keys).
+    with psycopg.connect(empty_db_dsn, autocommit=True) as conn:
+        migrate(conn, through=2)
+        conn.execute("ALTER TABLE tasks ADD COLUMN unique_key TEXT")
+        conn.execute("INSERT INTO pgtaskd_migration_progress VALUES (3, 1)")
+        conn.execute("INSERT INTO tasks (id, name, task_type, unique_key) "
+                     "VALUES ('a', 'n', 'echo', 'k'), ('b', 'n', 'echo', 'k')")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute("CREATE UNIQUE INDEX CONCURRENTLY tasks_live_unique_key_idx "
+                         "ON tasks (unique_key) WHERE status IN ('PENDING', 'RUNNING') "
+                         "AND unique_key IS NOT NULL")
+        conn.execute("DELETE FROM tasks WHERE id = 'b'")
+        assert [m.version for m in migrate(conn)] == [
+            m.version for m in available_migrations() if m.version >= 3]
+        assert conn.execute("SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = "
+                            "'tasks_live_unique_key_idx'::regclass").fetchone()[0]
+        assert conn.execute("SELECT count(*) FROM pgtaskd_migration_progress").fetchone()[0] == 0
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute("INSERT INTO tasks (id, name, task_type, unique_key) "
+                         "VALUES ('c', 'n', 'echo', 'k')")
+
+
+def test_a_schema_newer_than_this_code_is_refused_unless_it_says_old_daemons_may_run(conn):
+    known = max(m.version for m in available_migrations())
+    conn.execute("INSERT INTO pgtaskd_schema_migrations (version, name, older_daemons_ok) "
+                 "VALUES (%s, 'harmless', true)", (known + 1,))
+    assert migrate(conn) == []
+    conn.execute("INSERT INTO pgtaskd_schema_migrations (version, name) "
+                 "VALUES (%s, 'slots_for_everyone')", (known + 2,))
+    with pytest.raises(MigrationError) as raised:
+        migrate(conn)
+    assert str(raised.value) == (
+        f"the database's schema has migration {known + 2:04d}_slots_for_everyone, newer than "
+        f"this pgtaskd knows ({known:04d}), and daemons before it must not claim tasks: "
+        f"upgrade pgtaskd on this host")

@@ -5,23 +5,27 @@
 -- type the worker does not run before it found its own. Now the claim (complete_and_claim in
 -- queries.sql) reads, per task type it runs, one priority level at a time (a loose index
 -- scan), and only PENDING rows are in its index.
-DROP INDEX tasks_claim_order_idx;
+--
+-- Each index is built CONCURRENTLY, alone, outside the migration's transactions (migrate.py):
+-- a plain build would stop every write to a live table while it reads it. The old indexes
+-- are dropped once their replacements exist, so claims never go without one.
 
 -- The claim: per type, per priority level, the due rows in the seed's order.
-CREATE INDEX tasks_pending_claim_idx
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_pending_claim_idx
     ON tasks (task_type, priority DESC, scheduled_time, created_at)
     WHERE status = 'PENDING';
+DROP INDEX tasks_claim_order_idx;
 
 -- Due-time questions about the whole queue (the health check's oldest pending task, the
 -- number of due tasks) without reading future tasks or finished ones.
-CREATE INDEX tasks_pending_due_idx ON tasks (scheduled_time) WHERE status = 'PENDING';
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_pending_due_idx ON tasks (scheduled_time) WHERE status = 'PENDING';
 
 -- Retention deletes old finished tasks by status and age; operators list them the same way.
 -- It replaces the (status, task_type) index, which every state change of every task had to
 -- update.
-DROP INDEX tasks_status_type_idx;
-CREATE INDEX tasks_finished_idx ON tasks (status, finished_at)
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_finished_idx ON tasks (status, finished_at)
     WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED');
+DROP INDEX tasks_status_type_idx;
 
 -- Wake-ups. Idle workers wait for a notification on the channel pgtaskd_tasks instead of
 -- only polling, whoever makes a task due: pgtaskd's client, a plain INSERT from another

@@ -11,5 +11,5 @@ ALTER TABLE tasks ADD COLUMN unique_key TEXT;
 -- it at all, so it costs the writes of keyless tasks nothing. The client inserts with
 -- ON CONFLICT DO NOTHING, which takes this index as an arbiter: a second submit of a live
 -- key inserts nothing instead of raising, and so never aborts a caller's transaction.
-CREATE UNIQUE INDEX tasks_live_unique_key_idx ON tasks (unique_key)
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS tasks_live_unique_key_idx ON tasks (unique_key)
     WHERE status IN ('PENDING', 'RUNNING') AND unique_key IS NOT NULL;
