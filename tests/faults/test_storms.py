@@ -1,0 +1,197 @@
+"""Fault scenarios 8-10: storms where features meet. Children SIGKILLed while they hold
+batches and concurrent runs; reloads that flip the lease settings during a batch drain; and
+cancels on a type with a global limit.
+
+Every execution is recorded outside the database under test (tests/handlers/
+timed_handlers.py). ``max_retries: 0`` everywhere, so an attempt charged to a task that did
+not start, or charged twice, shows as a FAILED task.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+from conftest import wait_until
+from executions import audit, read_runs
+from supervisor import Client
+
+pytest_plugins = ["daemon"]
+
+STORM_TASKS = int(os.environ.get("PGTASKD_STORM_TASKS", "4000")) // 2
+PATIENCE = 300
+FAST = dict(retry={"base_delay": 0, "max_delay": 0, "jitter": 0}, poll_interval=0.2)
+
+
+def unsettled(conn) -> int:
+    return conn.execute("SELECT count(*) FROM tasks WHERE status IN ('PENDING', 'RUNNING')"
+                        ).fetchone()[0]
+
+
+def statuses(conn) -> dict[str, str]:
+    return dict(conn.execute("SELECT id, status FROM tasks").fetchall())
+
+
+def booted_children(daemons) -> list[int]:
+    booted = {e["child_pid"] for daemon in daemons for e in daemon.find("worker_booted")}
+    return [pid for daemon in daemons for pid in daemon.children() if pid in booted]
+
+
+def test_a_kill_storm_on_batches_and_concurrent_children_charges_only_started_runs(
+        start_daemon, conn, db_dsn, tmp_path):
+    log = tmp_path / "runs.log"
+    daemons = [start_daemon("batches", pools={"default": {"processes": 3, "batch_size": 10}},
+                            **FAST),
+               start_daemon("threads", pools={"default": {"processes": 2, "concurrency": 8}},
+                            **FAST)]
+    ids = [f"t{n}" for n in range(STORM_TASKS)]
+    with Client(db_dsn) as client:
+        client.submit_many({"task_type": "sleeps", "task_id": task_id, "max_retries": 0,
+                            "payload": {"log": str(log), "seconds": 0.02}} for task_id in ids)
+    started, killed = time.monotonic(), {}
+    rng = random.Random(11)
+    while unsettled(conn):
+        assert time.monotonic() - started < PATIENCE, f"{unsettled(conn)} tasks left"
+        for daemon in daemons:
+            assert daemon.returncode() is None, daemon.log_tail()
+        victims = [pid for pid in booted_children(daemons) if pid not in killed]
+        if victims:
+            pid = rng.choice(victims)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed[pid] = time.monotonic()
+            except ProcessLookupError:
+                pass
+        time.sleep(0.3)
+    elapsed = time.monotonic() - started
+
+    runs = read_runs(log)
+    by_task: dict[str, list[dict]] = {}
+    for run in runs:
+        by_task.setdefault(run["task_id"], []).append(run)
+    final = statuses(conn)
+    problems, charged_in_flight = [], 0
+    for task_id in ids:
+        task_runs = sorted(by_task.get(task_id, []), key=lambda r: r["start"])
+        if final[task_id] == "COMPLETED":
+            if len(task_runs) != 1 or task_runs[0]["end"] is None:
+                problems.append(f"{task_id}: COMPLETED after runs {task_runs}")
+        elif final[task_id] == "FAILED":
+            # Charged only for a run that started and was cut off by its child's death:
+            # one run, in a killed child, that never logged its end (or logged it in the
+            # instant before the kill, before its child could say it had finished).
+            run = task_runs[0] if len(task_runs) == 1 else None
+            if run is None or run["pid"] not in killed:
+                problems.append(f"{task_id}: FAILED after runs {task_runs}")
+            elif run["end"] is not None:
+                if run["end"] < killed[run["pid"]] - 0.05:
+                    problems.append(f"{task_id}: FAILED though its run had ended {run}")
+                charged_in_flight += 1
+        else:
+            problems.append(f"{task_id}: {final[task_id]}")
+    failed = sum(1 for status in final.values() if status == "FAILED")
+    print(f"\nkill storm on batches and threads: {STORM_TASKS} tasks, {len(killed)} children "
+          f"SIGKILLed in {elapsed:.1f} s, {len(runs)} runs, {failed} FAILED (each cut off "
+          f"while running; {charged_in_flight} of them in the instant between its end and "
+          f"its report), 0 FAILED unstarted, 0 run again")
+    assert problems == [], problems[:10]
+    assert len(killed) >= 5
+    for daemon in daemons:
+        assert not daemon.find("settle_failed") and not daemon.find("final_state_lost")
+
+
+def test_a_reload_storm_flipping_the_lease_during_a_batch_drain_runs_each_task_once(
+        start_daemon, conn, db_dsn, tmp_path):
+    log = tmp_path / "runs.log"
+    lease_long, lease_short = {"seconds": 30, "renew_interval": 10}, \
+        {"seconds": 4, "renew_interval": 1}
+    daemon = start_daemon(pools={"batches": {"processes": 2, "batch_size": 5},
+                                 "threads": {"processes": 1, "concurrency": 8}},
+                          lease=lease_long, **FAST)
+    short = [f"s{n}" for n in range(600)]
+    # Longer than the short lease: each must be renewed by the settings it was claimed under.
+    long = [f"l{n}" for n in range(12)]
+    with Client(db_dsn) as client:
+        client.submit_many(
+            [{"task_type": "works", "task_id": task_id, "max_retries": 0,
+              "payload": {"log": str(log), "seconds": 6}} for task_id in long]
+            + [{"task_type": "sleeps", "task_id": task_id, "max_retries": 0,
+                "payload": {"log": str(log), "seconds": 0.05}} for task_id in short])
+    started, hups = time.monotonic(), 0
+    while time.monotonic() - started < 24 or unsettled(conn):
+        assert time.monotonic() - started < PATIENCE, f"{unsettled(conn)} tasks left"
+        assert daemon.returncode() is None, daemon.log_tail()
+        if time.monotonic() - started < 24:
+            daemon.tree["lease"] = lease_short if hups % 2 == 0 else lease_long
+            daemon.write_config()
+            daemon.send(signal.SIGHUP)
+            hups += 1
+        time.sleep(2)
+
+    report = audit(read_runs(log), short + long, ended_by={})
+    reloads = len(daemon.find("reload_finished"))
+    final = statuses(conn)
+    print(f"\nreload storm: {len(short) + len(long)} tasks, {hups} SIGHUPs alternating lease "
+          f"30/10 and 4/1 ({reloads} reloads finished, the rest deferred behind one in "
+          f"progress), {report['runs']} runs, {report['duplicates']} duplicates, 0 lost")
+    assert report["problems"] == [], report["problems"][:10]
+    assert set(final.values()) == {"COMPLETED"}
+    assert reloads >= 3
+    assert not daemon.find("settle_failed") and not daemon.find("lease_lost")
+
+
+def test_a_cancel_storm_on_a_limited_type_never_exceeds_the_limit_nor_holds_a_slot(
+        start_daemon, conn, db_dsn, tmp_path):
+    log = tmp_path / "runs.log"
+    tree = dict(limits={"works": 2}, **FAST)
+    daemons = [start_daemon("batches", pools={"default": {"processes": 2, "batch_size": 3}},
+                            **tree),
+               start_daemon("threads", pools={"default": {"processes": 1, "concurrency": 4}},
+                            **tree)]
+    ids = [f"c{n}" for n in range(40)]
+    with Client(db_dsn) as client:
+        # Each runs until it is cancelled, checking every 10 ms.
+        client.submit_many({"task_type": "works", "task_id": task_id, "max_retries": 0,
+                            "payload": {"log": str(log), "seconds": 60}} for task_id in ids)
+        rng = random.Random(5)
+        started = time.monotonic()
+        while unsettled(conn):
+            assert time.monotonic() - started < PATIENCE, f"{unsettled(conn)} tasks left"
+            running = [row[0] for row in conn.execute(
+                "SELECT id FROM tasks WHERE status = 'RUNNING'").fetchall()]
+            if running:
+                client.cancel(rng.choice(running))
+            time.sleep(0.3)
+    wait_until(lambda: all(run["end"] is not None for run in read_runs(log)),
+               message="every handler to stop")
+
+    runs = sorted(read_runs(log), key=lambda r: r["start"])
+    edges = sorted([(r["start"], 1) for r in runs] + [(r["end"], -1) for r in runs],
+                   key=lambda edge: (edge[0], edge[1]))
+    most = current = 0
+    for _, step in edges:
+        current += step
+        most = max(most, current)
+    # A slot freed within a second of its handler stopping: while tasks wait, each end is
+    # followed by another task's start within 1 s (the slot given back, a child woken).
+    waits = []
+    for run in runs:
+        later = [r["start"] for r in runs if r["start"] >= run["end"]]
+        if later:
+            waits.append(min(later) - run["end"])
+    final = statuses(conn)
+    print(f"\ncancel storm on a type limited to 2: {len(ids)} tasks, {len(runs)} runs, at "
+          f"most {most} at once, the next start after an end within {max(waits):.2f} s "
+          f"(median {sorted(waits)[len(waits) // 2]:.2f} s)")
+    assert most <= 2
+    # A task cancelled while it waited in a batch never starts; none starts twice.
+    assert len(runs) == len({r["task_id"] for r in runs}) <= len(ids)
+    assert set(final.values()) == {"CANCELLED"}
+    assert max(waits) < 1.0
+    slots = conn.execute("SELECT count(*) FROM task_type_slots WHERE task_type = 'works' "
+                         "AND task_id IS NOT NULL AND lease_until > now()").fetchone()[0]
+    assert slots == 0
+    for daemon in daemons:
+        assert not daemon.find("settle_failed")
