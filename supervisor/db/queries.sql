@@ -21,8 +21,10 @@
 -- unpaused: the worker's task types less those paused (task_type_pauses), so that a pause
 --   holds for every daemon from its next claim on, and a paused type's rows, however many are
 --   due, are never read: its type is gone before the index is probed.
--- wanted: those less the types with a global limit (task_type_limits), which only
---   complete_and_claim_limited may claim; the last row of the answer says some were left out.
+-- wanted: those types, or none at all when one of them has a global limit
+--   (task_type_limits): only complete_and_claim_limited may claim a limited type, and
+--   claiming the others here would put them ahead of its more urgent tasks; the last row of
+--   the answer says so, and store.py runs that statement in this one's place.
 --   Materialized: the three places that use it read the tables once.
 -- given_back: the slots (limited types) that the completed tasks held, freed: a worker whose
 --   types lost their limit while it ran one still gives its slot back here.
@@ -69,8 +71,8 @@ unpaused(task_type) AS MATERIALIZED (
 ),
 wanted(task_type) AS MATERIALIZED (
     SELECT unpaused.task_type FROM unpaused
-    WHERE NOT EXISTS (SELECT 1 FROM task_type_limits AS l
-                      WHERE l.task_type = unpaused.task_type)
+    WHERE NOT EXISTS (SELECT 1 FROM unpaused AS asked
+                      JOIN task_type_limits AS l ON l.task_type = asked.task_type)
 ),
 levels(priority) AS (
     SELECT max(top.priority)
@@ -171,7 +173,7 @@ SELECT FALSE, c.id, c.name, c.task_type, c.payload::text, c.priority, c.retry_co
 FROM claimed AS c
 UNION ALL
 -- One row more when a limit binds one of the worker's unpaused types: store.py then uses
--- complete_and_claim_limited from the next claim on (and this one's leftover places).
+-- complete_and_claim_limited from the next claim on (and in this one's place).
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type));
 

@@ -67,9 +67,10 @@ def complete_and_claim(conn, completions: Sequence[Claim], *, worker_id: str,
 
     Tasks of a type with a global limit are claimed only through the limit's slots
     (complete_and_claim_limited). Without limits the plain statement is a fifth cheaper, so
-    it is the one used while the last answer on this connection said no limit binds these
-    types; when a limit appears, the plain statement leaves those types out and says so, and
-    a second statement claims their share at once.
+    it is the one used while the last claim on this connection said no limit binds its
+    types; when a limit appears, the plain statement claims nothing (it would take tasks of
+    other types ahead of the limited type's more urgent ones) and says so, and the limited
+    statement claims in its place at once.
     """
     task_types = list(task_types)
     usage = usage or [(None, None)] * len(completions)
@@ -80,7 +81,10 @@ def complete_and_claim(conn, completions: Sequence[Claim], *, worker_id: str,
         "task_types": task_types, "lease_seconds": lease_seconds, "limit": limit}
     limited = _LIMITED.get(conn, True)
     landed, claimed, limits_bind = _complete_and_claim(conn, limited, params)
-    _LIMITED[conn] = limits_bind
+    # An answer to no types (a completion written alone) says nothing about limits: keeping
+    # it would send the next claim through the plain statement (issue 14.6).
+    if task_types:
+        _LIMITED[conn] = limits_bind
     if limits_bind and not limited and len(claimed) < limit:
         _, more, _ = _complete_and_claim(conn, True, {
             **params, "done_ids": [], "done_tokens": [], "done_cpu": [], "done_rss": [],

@@ -365,3 +365,36 @@ def test_config_claims_a_start_an_operator_and_a_hand_written_claim(client, conn
     client.set_limit("works", 5)
     write_limits(conn, {}, daemon="a", starting=True)  # no claim on works: not a's to drop
     assert limits() == {"works": 5}
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_lone_completion_write_does_not_let_the_next_claim_skip_a_limited_type(client, conn,
+                                                                                batch):
+    """Issue 14.6: a completion written alone (no types asked, as the batch guard and a
+    stopping worker write them) said nothing about limits; the connection's next claim then
+    went through the plain statement, which leaves limited types out, and took priority-0
+    tasks of an unlimited type ahead of due priority-9 tasks of a limited type with free
+    slots."""
+    client.set_limit("echo", 2)
+    add_task(conn, "first", "echo", priority=9)
+    (first,) = claim(conn, "echo", "record", limit=1)  # the connection knows of the limit
+    assert first["id"] == "first"
+    for n in range(2):
+        add_task(conn, f"echo-{n}", "echo", priority=9)
+    for n in range(3):
+        add_task(conn, f"record-{n}", "record", priority=0)
+    assert store.complete_tasks(conn, [as_claim(first)]) == {first["lease_token"]}
+    rows = claim(conn, "echo", "record", limit=batch)
+    assert ids(rows) == ["echo-0", "echo-1", "record-0"][:batch]
+
+
+def test_the_first_claim_after_a_limit_appears_keeps_the_priority_order(client, conn):
+    """A connection that last claimed without limits learns of one from the plain
+    statement's answer: that statement must not have taken lower-priority tasks of other
+    types meanwhile."""
+    add_task(conn, "warm", "record")
+    assert ids(claim(conn, "echo", "record", limit=1)) == ["warm"]
+    client.set_limit("echo", 1)
+    add_task(conn, "echo-0", "echo", priority=9)
+    add_task(conn, "record-0", "record", priority=0)
+    assert ids(claim(conn, "echo", "record", limit=1)) == ["echo-0"]
