@@ -307,10 +307,38 @@ def set_task_type_limit(conn, task_type: str, max_running: int, *,
                         updated_by: str | None, from_claims: bool = False) -> dict:
     """Set the global concurrency limit of a task type: {task_type, max_running, previous
     (None if it had none), changed, notified (idle workers woken for a raised limit)}.
-    ``from_claims``: the limit is the daemons' smallest claim, not an operator's value."""
-    return _one(conn, "set_task_type_limit", {"task_type": task_type, "max_running": max_running,
-                                              "updated_by": updated_by,
-                                              "from_claims": from_claims})
+    ``from_claims``: the limit is the daemons' smallest claim, not an operator's value.
+    Its slots are rebuilt from the RUNNING tasks in the same transaction (repair_limit_slots):
+    setting a limit never makes a second place for a task that runs."""
+    with _atomic(conn):
+        row = _one(conn, "set_task_type_limit", {"task_type": task_type,
+                                                 "max_running": max_running,
+                                                 "updated_by": updated_by,
+                                                 "from_claims": from_claims})
+        repair_limit_slots(conn, [task_type])
+    return row
+
+
+def repair_limit_slots(conn, task_types: Sequence[str] | None = None) -> dict:
+    """Make the slot rows of these types (None: all) agree with the tasks: free those whose
+    claim ended or is gone, bound each held one's lease by its task's, recreate missing ones
+    (held by the RUNNING task that names them, if any). {freed, bounded, restored_held,
+    restored_free}: how many rows each way."""
+    return _one(conn, "repair_limit_slots", {
+        "task_types": None if task_types is None else list(task_types),
+        "max_limit": MAX_LIMIT})
+
+
+@contextlib.contextmanager
+def _atomic(conn) -> Iterator[None]:
+    """Several statements as one transaction: on an idle autocommit connection, a transaction
+    of their own; otherwise the caller's (or the one the first statement opens, which the
+    caller commits), never committed here."""
+    if conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        with conn.transaction():
+            yield
+    else:
+        yield
 
 
 def remove_task_type_limit(conn, task_type: str, *, with_claims: bool = True) -> dict | None:

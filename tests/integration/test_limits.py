@@ -398,3 +398,114 @@ def test_the_first_claim_after_a_limit_appears_keeps_the_priority_order(client, 
     add_task(conn, "echo-0", "echo", priority=9)
     add_task(conn, "record-0", "record", priority=0)
     assert ids(claim(conn, "echo", "record", limit=1)) == ["echo-0"]
+
+
+# -- slot rows written by plain SQL (issue 15, items 6 and 11) ---------------------------------
+
+
+def repair(conn) -> dict:
+    return store.repair_limit_slots(conn)
+
+
+@pytest.mark.parametrize("new_limit", [1, 2])
+def test_setting_a_limit_after_its_slots_were_deleted_rebuilds_them_from_the_running_tasks(
+        client, conn, new_limit):
+    """Issue 15.6: slot rows deleted by SQL, then `limit T N` recreated them free while the
+    first owner still ran: a second claim took its place."""
+    client.set_limit("echo", 1)
+    for n in range(3):
+        add_task(conn, f"t{n}", priority=3 - n)
+    (first,) = claim(conn, "echo", limit=3)
+    conn.execute("DELETE FROM task_type_slots")
+    client.set_limit("echo", new_limit)
+    assert held_slots(conn) == ["t0"]
+    assert ids(claim(conn, "echo", limit=3)) == ["t1", "t2"][:new_limit - 1]
+    # The first owner still holds its place, and renews it.
+    assert store.renew_leases(conn, [as_claim(first)], lease_seconds=30) == \
+        {first["lease_token"]}
+    assert (client.limits()[0]["running"]) == new_limit
+
+
+def test_a_renewal_whose_slot_vanished_is_lost(client, conn):
+    client.set_limit("echo", 1)
+    add_task(conn, "t0")
+    (row,) = claim(conn, "echo", lease=30)
+    conn.execute("DELETE FROM task_type_slots")
+    assert store.renew_leases(conn, [as_claim(row)], lease_seconds=30) == set()
+
+
+@pytest.mark.parametrize("damage", ["deleted", "infinity_ended", "infinity_running",
+                                    "null_lease", "no_task", "null_token"])
+def test_the_repair_frees_what_no_live_claim_holds_and_bounds_what_one_does(client, conn,
+                                                                          damage):
+    """Issue 15.11: slots deleted, or held by 'infinity', stalled a limited type for good,
+    and neither a restart nor `limit off` + `limit 2` repaired them. The reaper's repair
+    frees a slot whose claim ended or is gone, recreates missing slots, and bounds a slot's
+    lease by its task's, so a slot never outlives its claim's lease."""
+    client.set_limit("echo", 2)
+    for n in range(4):
+        add_task(conn, f"t{n}", priority=4 - n)
+    first, second = claim(conn, "echo", limit=2, lease=1)
+    if damage == "deleted":
+        conn.execute("DELETE FROM task_type_slots")
+    elif damage == "infinity_ended":
+        # Both claims end without their slots (plain SQL frees none); the slots say forever.
+        conn.execute("UPDATE tasks SET status = 'COMPLETED' WHERE status = 'RUNNING'")
+        conn.execute("UPDATE task_type_slots SET lease_until = 'infinity'")
+    elif damage == "infinity_running":
+        conn.execute("UPDATE task_type_slots SET lease_until = 'infinity'")
+    elif damage == "null_lease":
+        conn.execute("UPDATE task_type_slots SET lease_until = NULL")
+    elif damage == "no_task":
+        conn.execute("UPDATE task_type_slots SET task_id = 'nobody', "
+                     "lease_until = 'infinity'")
+    else:
+        conn.execute("UPDATE task_type_slots SET lease_token = NULL, "
+                     "lease_until = 'infinity'")
+    repair(conn)
+    if damage in ("infinity_ended", "no_task", "null_token"):
+        assert held_slots(conn) == []  # no live claim holds them: free now
+    else:
+        # The two claims still run: they keep their places until their 1 s leases end.
+        assert held_slots(conn) == ["t0", "t1"]
+        assert ids(claim(conn, "echo", limit=2)) == []
+        wait_until(lambda: not held_slots(conn), timeout=5,
+                   message="the slots to end with their tasks' leases")
+    rows = claim(conn, "echo", limit=4, worker="next")
+    assert len(rows) == 2, "the limit is usable again"
+
+
+def test_limit_off_and_on_repairs_infinite_slots_and_limits_counts_running_tasks(client,
+                                                                                conn):
+    client.set_limit("echo", 2)
+    for n in range(4):
+        add_task(conn, f"t{n}")
+    claim(conn, "echo", limit=2)
+    conn.execute("UPDATE tasks SET status = 'COMPLETED' WHERE status = 'RUNNING'")
+    conn.execute("UPDATE task_type_slots SET lease_until = 'infinity'")
+    assert client.limits()[0]["running"] == 0, "no task runs"
+    assert client.remove_limit("echo")
+    client.set_limit("echo", 2)
+    assert len(claim(conn, "echo", limit=4)) == 2
+    assert client.limits()[0]["running"] == 2
+
+
+def test_no_value_in_a_slot_row_aborts_the_claims_or_the_repair(client, conn):
+    """Plain SQL may write anything a column holds; every statement that reads slot rows
+    serves other tasks too."""
+    client.set_limit("echo", 3)
+    client.set_limit("record", 1)
+    add_task(conn, "r0", "record")
+    conn.execute("DELETE FROM task_type_slots WHERE task_type = 'echo'")
+    conn.execute("INSERT INTO task_type_slots VALUES "
+                 "('echo', 1, repeat('x', 10000), 9223372036854775807, '-infinity'), "
+                 "('echo', 2, '', -9223372036854775808, 'infinity'), "
+                 "('echo', 2147483647, 'ghost', 1, 'infinity'), "
+                 "('unlimited', 1, 'ghost', 1, NULL)")
+    conn.execute("UPDATE tasks SET slot = -1 WHERE id = 'r0'")
+    for n in range(3):
+        add_task(conn, f"e{n}")
+    repair(conn)
+    assert sorted(ids(claim(conn, "echo", "record", limit=5))) == ["e0", "e1", "e2", "r0"]
+    repair(conn)
+    assert client.limits()[0]["running"] == 3
