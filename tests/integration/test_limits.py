@@ -509,3 +509,71 @@ def test_no_value_in_a_slot_row_aborts_the_claims_or_the_repair(client, conn):
     assert sorted(ids(claim(conn, "echo", "record", limit=5))) == ["e0", "e1", "e2", "r0"]
     repair(conn)
     assert client.limits()[0]["running"] == 3
+
+
+def test_the_repair_changes_nothing_that_claims_renewals_and_ends_are_doing(client, db_dsn,
+                                                                           conn):
+    """The repair runs on every daemon's reaper beside every claim: racing claimers that
+    complete, fail, release and renew in batches, it must find nothing to repair, and the
+    limit holds by the task rows at every moment."""
+    client.set_limit("echo", 3)
+    for n in range(300):
+        add_task(conn, f"t{n}", max_retries=0)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    repaired: list[dict] = []
+    most = [0]
+
+    def claimer(n: int) -> None:
+        try:
+            with psycopg.connect(db_dsn, autocommit=True) as own:
+                done: list[store.Claim] = []
+                while not stop.is_set():
+                    _, rows = store.complete_and_claim(own, done, worker_id=f"w{n}",
+                                                       task_types=["echo"], lease_seconds=30,
+                                                       limit=2)
+                    claims = [as_claim(row, f"w{n}") for row in rows]
+                    store.renew_leases(own, claims, lease_seconds=30)
+                    done = []
+                    for i, one in enumerate(claims):
+                        if i % 3 == 1:
+                            store.release_tasks(own, [(one.task_id, one.token)])
+                        elif i % 5 == 2:
+                            store.fail_attempt(own, one, error="x", permanent=True,
+                                               retry=NO_BACKOFF)
+                        else:
+                            done.append(one)
+                    if not rows:
+                        store.complete_tasks(own, done)
+                        done = []
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    def repairer() -> None:
+        try:
+            with psycopg.connect(db_dsn, autocommit=True) as own:
+                while not stop.is_set():
+                    repaired.append(store.repair_limit_slots(own))
+                    running = own.execute("SELECT count(*) FROM tasks "
+                                          "WHERE status = 'RUNNING'").fetchone()[0]
+                    most[0] = max(most[0], running)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(4)]
+    threads += [threading.Thread(target=repairer) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: errors or conn.execute(
+            "SELECT count(*) FROM tasks WHERE status IN ('PENDING', 'RUNNING')"
+        ).fetchone()[0] == 0, timeout=60, message="every task to end")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert not errors, errors[:3]
+    assert len(repaired) > 10
+    assert [r for r in repaired if any(r.values())] == []
+    assert most[0] <= 3
+    assert held_slots(conn) == []
