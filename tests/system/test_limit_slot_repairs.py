@@ -6,6 +6,8 @@ database (tests/handlers/timed_handlers.py)."""
 
 from __future__ import annotations
 
+import signal
+
 from conftest import wait_until
 from executions import read_runs
 from supervisor import Client
@@ -23,8 +25,10 @@ def test_a_limit_set_after_its_slots_were_deleted_starts_no_second_run(start_dae
     """Before: `limit T N` recreated free slots while the first owner ran, and the next task
     of the type started beside it (the owner heard of it only at its next renewal)."""
     log = tmp_path / "runs.log"
+    # No reaper pass meanwhile: the setting of the limit alone must rebuild the slots.
     daemon = start_daemon(pools={"default": {"processes": 2, "batch_size": 3}},
-                          limits={"works": 1}, lease={"seconds": 8, "renew_interval": 2})
+                          limits={"works": 1}, lease={"seconds": 8, "renew_interval": 2},
+                          reaper={"interval": 120})
     with Client(db_dsn) as client:
         client.submit_many([{"task_type": "works", "task_id": f"t{n}", "priority": 2 - n,
                              "max_retries": 0,
@@ -77,3 +81,33 @@ def test_slots_deleted_or_held_forever_are_repaired_by_the_reaper(start_daemon, 
         (row,) = client.limits()
         assert row["running"] == 0
     assert most_at_once(read_runs(log)) <= 2
+
+
+def test_a_reload_that_changes_the_limit_and_the_lease_rebuilds_the_slots(start_daemon, conn,
+                                                                         db_dsn, tmp_path):
+    """The daemon writes its limits at a reload through the same setting: with the slot rows
+    deleted while t0 runs, a reload from limit 1 to 2 (and lease 8/2 to 4/1) lets one more
+    task run beside t0, not two."""
+    log = tmp_path / "runs.log"
+    daemon = start_daemon(pools={"default": {"processes": 3, "batch_size": 2}},
+                          limits={"works": 1}, lease={"seconds": 8, "renew_interval": 2},
+                          reaper={"interval": 120})
+    with Client(db_dsn) as client:
+        client.submit_many([{"task_type": "works", "task_id": f"t{n}", "priority": 5 - n,
+                             "max_retries": 0,
+                             "payload": {"log": str(log), "seconds": 4 if n == 0 else 0.5}}
+                            for n in range(5)])
+    daemon.wait_for("lease_renewed", task_id="t0", timeout=20)
+    conn.execute("DELETE FROM task_type_slots")
+    mark = daemon.mark()
+    daemon.write_config({**daemon.tree, "limits": {"works": 2},
+                         "lease": {"seconds": 4, "renew_interval": 1}})
+    daemon.send(signal.SIGHUP)
+    daemon.wait_for("limit_changed", since=mark, task_type="works", max_running=2)
+    wait_until(lambda: conn.execute("SELECT count(*) FROM tasks WHERE status IN "
+                                    "('PENDING', 'RUNNING')").fetchone()[0] == 0,
+               timeout=40, message="every task to end")
+    runs = read_runs(log)
+    assert most_at_once(runs) == 2, runs
+    assert [status(conn, f"t{n}") for n in range(5)] == ["COMPLETED"] * 5
+    assert not daemon.find("lease_lost")
