@@ -1218,6 +1218,68 @@ SELECT (SELECT count(*) FROM fixed WHERE NOT holder_runs) AS freed,
        (SELECT count(*) FROM restored WHERE task_id IS NOT NULL) AS restored_held,
        (SELECT count(*) FROM restored WHERE task_id IS NULL) AS restored_free;
 
+-- name: adopt_running_tasks
+-- Setting a limit (after repair_limit_slots, in the same transaction): the tasks of the type
+-- RUNNING under a live lease that hold no slot (claimed while it had no limit) take one, so
+-- that they count: a free slot first, in slot order, else a new one above every slot the
+-- type has (held above the limit, like the excess of a lowered one, it ends with its task).
+-- A free slot a claim took since this statement read it is left alone (the recheck of the
+-- locked row finds it held): its task stays without a slot. The task row names its slot
+-- only where the slot row was written for it, and only while it still runs under the
+-- same claim; a slot written for a task that ended meanwhile is freed by the next repair
+-- (its lease is the task's, so it never outlives the claim either way). The slot row is
+-- locked before the task row, unlike the final writes, but a task without a slot has no
+-- slot row for them to lock, so none waits in a cycle.
+WITH unslotted AS MATERIALIZED (
+    SELECT t.id, t.lease_token, t.lease_until, row_number() OVER (ORDER BY t.id) AS n
+    FROM tasks AS t
+    WHERE EXISTS (SELECT 1 FROM task_type_limits AS l WHERE l.task_type = %(task_type)s)
+      AND t.status = 'RUNNING' AND t.task_type = %(task_type)s AND t.slot IS NULL
+      AND t.lease_until > now() AND t.lease_token IS NOT NULL
+    ORDER BY t.id
+    LIMIT %(max_limit)s
+),
+free AS MATERIALIZED (
+    SELECT s.slot, row_number() OVER (ORDER BY s.slot) AS n
+    FROM task_type_slots AS s
+    WHERE EXISTS (SELECT 1 FROM unslotted)
+      AND s.task_type = %(task_type)s AND s.task_id IS NULL
+),
+placed AS MATERIALIZED (
+    SELECT u.id, u.lease_token, u.lease_until, f.slot AS free_slot,
+           CASE WHEN f.slot IS NULL
+                THEN (SELECT coalesce(max(s.slot), 0) FROM task_type_slots AS s
+                       WHERE s.task_type = %(task_type)s)
+                     + u.n - (SELECT count(*) FROM free) END AS new_slot
+    FROM unslotted AS u
+    LEFT JOIN free AS f ON f.n = u.n
+),
+taken AS (
+    UPDATE task_type_slots AS s
+    SET task_id = p.id, lease_token = p.lease_token, lease_until = p.lease_until
+    FROM placed AS p
+    WHERE s.task_type = %(task_type)s AND s.slot = p.free_slot AND s.task_id IS NULL
+    RETURNING s.slot, p.id
+),
+added AS (
+    INSERT INTO task_type_slots (task_type, slot, task_id, lease_token, lease_until)
+    SELECT %(task_type)s, p.new_slot, p.id, p.lease_token, p.lease_until
+    FROM placed AS p
+    WHERE p.new_slot BETWEEN 1 AND 2147483647
+    ON CONFLICT (task_type, slot) DO NOTHING
+    RETURNING slot, task_id AS id
+),
+adopted AS (
+    UPDATE tasks AS t
+    SET slot = written.slot
+    FROM (SELECT slot, id FROM taken UNION ALL SELECT slot, id FROM added) AS written
+    JOIN placed AS p ON p.id = written.id
+    WHERE t.id = written.id AND t.status = 'RUNNING' AND t.lease_token = p.lease_token
+      AND t.slot IS NULL
+    RETURNING t.id
+)
+SELECT count(*) AS adopted FROM adopted;
+
 -- name: lock_limit_claims
 -- One writer of a type's claims at a time, so that each one computes the limit from every
 -- claim committed before it (two daemons writing at once would each miss the other's).

@@ -308,14 +308,16 @@ def set_task_type_limit(conn, task_type: str, max_running: int, *,
     """Set the global concurrency limit of a task type: {task_type, max_running, previous
     (None if it had none), changed, notified (idle workers woken for a raised limit)}.
     ``from_claims``: the limit is the daemons' smallest claim, not an operator's value.
-    Its slots are rebuilt from the RUNNING tasks in the same transaction (repair_limit_slots):
-    setting a limit never makes a second place for a task that runs."""
+    Its slots are rebuilt from the RUNNING tasks in the same transaction (repair_limit_slots,
+    then adopt_running_tasks: a task running without a slot takes one): setting a limit
+    never makes a second place for a task that runs, and every running task counts."""
     with _atomic(conn):
         row = _one(conn, "set_task_type_limit", {"task_type": task_type,
                                                  "max_running": max_running,
                                                  "updated_by": updated_by,
                                                  "from_claims": from_claims})
         repair_limit_slots(conn, [task_type])
+        _one(conn, "adopt_running_tasks", {"task_type": task_type, "max_limit": MAX_LIMIT})
     return row
 
 

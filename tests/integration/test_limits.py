@@ -242,13 +242,24 @@ def test_a_slot_whose_lease_ran_out_is_free_and_its_late_renewal_is_lost(client,
                               lease_seconds=30) == {second["lease_token"]}
 
 
-def test_a_claim_made_before_the_limit_renews_and_does_not_count(client, conn):
-    add_task(conn, "old", priority=1)
-    add_task(conn, "new")
-    (old,) = claim(conn, "echo", limit=1)
+def test_a_task_running_when_its_limit_is_set_takes_a_slot_and_counts(client, conn):
+    """Setting a limit rebuilds its slots from the RUNNING tasks: one claimed while the type
+    had no limit holds a slot from then on (above the limit when it is full), renews with it
+    and gives it back when it ends."""
+    for n in range(4):
+        add_task(conn, f"t{n}", priority=9 - n)
+    old, older = claim(conn, "echo", limit=2)
     client.set_limit("echo", 1)
-    assert store.renew_leases(conn, [as_claim(old)], lease_seconds=30) == {old["lease_token"]}
-    assert ids(claim(conn, "echo")) == ["new"]
+    assert sorted(held_slots(conn)) == ["t0", "t1"]
+    assert client.limits()[0]["running"] == 2
+    assert ids(claim(conn, "echo")) == []
+    assert store.renew_leases(conn, [as_claim(old), as_claim(older)], lease_seconds=30) == \
+        {old["lease_token"], older["lease_token"]}
+    # t1 holds the slot above the limit: its end frees nothing a claim may take.
+    store.complete_tasks(conn, [as_claim(older)])
+    assert ids(claim(conn, "echo")) == [], "t0 still runs: the limit of 1 is full"
+    store.complete_tasks(conn, [as_claim(old)])
+    assert ids(claim(conn, "echo")) == ["t2"]
 
 
 def test_lowering_a_limit_stops_nothing_and_the_excess_ends_with_its_tasks(client, conn):
@@ -325,9 +336,9 @@ def test_a_limit_set_between_two_claims_of_a_connection_binds_the_second(client,
     for n in range(4):
         add_task(conn, f"t{n}", priority=4 - n)
     assert ids(claim(conn, "echo", limit=1)) == ["t0"]
-    client.set_limit("echo", 1)
+    client.set_limit("echo", 2)  # t0, running, takes one of the two places
     assert ids(claim(conn, "echo", limit=5)) == ["t1"]
-    assert held_slots(conn) == ["t1"]
+    assert held_slots(conn) == ["t0", "t1"]
     assert ids(claim(conn, "echo", limit=5)) == []
     client.remove_limit("echo")
     assert ids(claim(conn, "echo", limit=5)) == ["t2", "t3"]
@@ -577,3 +588,54 @@ def test_the_repair_changes_nothing_that_claims_renewals_and_ends_are_doing(clie
     assert [r for r in repaired if any(r.values())] == []
     assert most[0] <= 3
     assert held_slots(conn) == []
+
+
+def test_limits_set_and_removed_while_claims_race_deadlock_nothing_and_leak_no_slot(client,
+                                                                                  db_dsn,
+                                                                                  conn):
+    """Each setting rebuilds the slots and gives running tasks theirs while claimers claim,
+    renew and complete in batches: no statement fails (a deadlock would abort one), and
+    once every task ended no slot is held."""
+    for n in range(400):
+        add_task(conn, f"t{n}", max_retries=0)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def claimer(n: int) -> None:
+        try:
+            with psycopg.connect(db_dsn, autocommit=True) as own:
+                done: list[store.Claim] = []
+                while not stop.is_set():
+                    _, rows = store.complete_and_claim(own, done, worker_id=f"w{n}",
+                                                       task_types=["echo"], lease_seconds=30,
+                                                       limit=3)
+                    done = [as_claim(row, f"w{n}") for row in rows]
+                    store.renew_leases(own, done, lease_seconds=30)
+                    if not rows:
+                        stop.wait(0.005)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        for round_ in range(30):
+            client.set_limit("echo", 1 + round_ % 3)
+            client.remove_limit("echo")
+        client.set_limit("echo", 2)
+        wait_until(lambda: errors or conn.execute(
+            "SELECT count(*) FROM tasks WHERE status = 'PENDING'").fetchone()[0] == 0,
+            timeout=60, message="every task to be claimed")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert not errors, errors[:3]
+    # The claimers' last claims are still RUNNING; their completions end them.
+    for row in conn.execute("SELECT id, claimed_by, lease_token FROM tasks "
+                            "WHERE status = 'RUNNING'").fetchall():
+        assert store.complete_tasks(conn, [store.Claim(*row)]) == {row[2]}
+    assert held_slots(conn) == []
+    assert store.repair_limit_slots(conn) == {"freed": 0, "bounded": 0, "restored_held": 0,
+                                              "restored_free": 0}
