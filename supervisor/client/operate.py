@@ -173,9 +173,10 @@ class Operating:
 
     def limits(self) -> list[dict[str, Any]]:
         """The global concurrency limits: ``{"task_type", "max_running", "running",
-        "updated_at", "updated_by", "from_claims", "claims"}`` each (running: slots a live
-        lease holds now; claims: each daemon config's setting, ``"<daemon>=<n>"``, the
-        smallest of which is in force when from_claims), by type."""
+        "updated_at", "updated_by", "from_claims", "claims"}`` each (running: tasks RUNNING
+        under a live lease in one of its slots, by the task rows; claims: each daemon
+        config's setting, ``"<daemon>=<n>"``, the smallest of which is in force when
+        from_claims), by type."""
         with self._database() as conn:
             return store.list_limits(conn)
 

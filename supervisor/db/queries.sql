@@ -21,8 +21,10 @@
 -- unpaused: the worker's task types less those paused (task_type_pauses), so that a pause
 --   holds for every daemon from its next claim on, and a paused type's rows, however many are
 --   due, are never read: its type is gone before the index is probed.
--- wanted: those less the types with a global limit (task_type_limits), which only
---   complete_and_claim_limited may claim; the last row of the answer says some were left out.
+-- wanted: those types, or none at all when one of them has a global limit
+--   (task_type_limits): only complete_and_claim_limited may claim a limited type, and
+--   claiming the others here would put them ahead of its more urgent tasks; the last row of
+--   the answer says so, and store.py runs that statement in this one's place.
 --   Materialized: the three places that use it read the tables once.
 -- given_back: the slots (limited types) that the completed tasks held, freed: a worker whose
 --   types lost their limit while it ran one still gives its slot back here.
@@ -69,8 +71,8 @@ unpaused(task_type) AS MATERIALIZED (
 ),
 wanted(task_type) AS MATERIALIZED (
     SELECT unpaused.task_type FROM unpaused
-    WHERE NOT EXISTS (SELECT 1 FROM task_type_limits AS l
-                      WHERE l.task_type = unpaused.task_type)
+    WHERE NOT EXISTS (SELECT 1 FROM unpaused AS asked
+                      JOIN task_type_limits AS l ON l.task_type = asked.task_type)
 ),
 levels(priority) AS (
     SELECT max(top.priority)
@@ -171,7 +173,7 @@ SELECT FALSE, c.id, c.name, c.task_type, c.payload::text, c.priority, c.retry_co
 FROM claimed AS c
 UNION ALL
 -- One row more when a limit binds one of the worker's unpaused types: store.py then uses
--- complete_and_claim_limited from the next claim on (and this one's leftover places).
+-- complete_and_claim_limited from the next claim on (and in this one's place).
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type));
 
@@ -1047,10 +1049,12 @@ LEFT JOIN tasks AS t ON t.id = s.last_task_id
 WHERE s.name = ANY(%(names)s::text[]);
 
 -- name: set_task_type_limit
--- Set a global concurrency limit (migration 0007): the limit row and its slots 1..N, in one
--- statement. Raising a limit adds slots; lowering it leaves the slots above N to be skipped by
--- every claim, and deletes those no live lease holds (a held one ends with its task, so that
--- lowering a limit stops no running task). Setting the same limit again changes nothing, so
+-- Set a global concurrency limit (migration 0007): the limit row. Its slots 1..N are made by
+-- repair_limit_slots, which store.py runs next in the same transaction, from the truth (a
+-- slot a RUNNING task names under a live lease is made held by it, never free while it
+-- runs). Lowering a limit leaves the slots above N to be skipped by every claim, and deletes
+-- those no live lease holds (a held one ends with its task, so that lowering a limit stops
+-- no running task). Setting the same limit again changes nothing, so
 -- the first setter's time and name stay. previous is the limit before, NULL if none.
 -- Like resume_task_type it wakes idle workers when the limit grew and tasks are due, so that
 -- they take the new places at once.
@@ -1067,11 +1071,6 @@ upserted AS (
         WHERE task_type_limits.max_running <> EXCLUDED.max_running
            OR task_type_limits.from_claims <> EXCLUDED.from_claims
     RETURNING task_type
-),
-added AS (
-    INSERT INTO task_type_slots (task_type, slot)
-    SELECT %(task_type)s, generate_series(1, %(max_running)s)
-    ON CONFLICT (task_type, slot) DO NOTHING
 ),
 pruned AS (
     DELETE FROM task_type_slots AS s
@@ -1110,19 +1109,176 @@ SELECT removed.task_type, removed.max_running,
 FROM removed;
 
 -- name: list_limits
--- The global concurrency limits, each with how many of its slots a live lease holds now
--- (running: at most max_running, more only for a moment after the limit was lowered).
+-- The global concurrency limits, each with how many of its tasks run in its slots now
+-- (running: tasks RUNNING under a live lease that hold one of its slots by their claim's
+-- token, read from the task rows, not from what the slot rows say; at most max_running, more
+-- only for a moment after the limit was lowered. Tasks claimed while the type had no limit
+-- hold no slot and are not counted).
 -- claims: each daemon's config setting ("host:config=N"), of which the smallest is in force
 -- (from_claims) unless an operator set the limit since.
 SELECT l.task_type, l.max_running, l.updated_at, l.updated_by,
        (SELECT count(*) FROM task_type_slots AS s
-         WHERE s.task_type = l.task_type AND s.task_id IS NOT NULL
-           AND s.lease_until > now()) AS running,
+         JOIN tasks AS t ON t.id = s.task_id AND t.lease_token = s.lease_token
+         WHERE s.task_type = l.task_type AND t.status = 'RUNNING'
+           AND t.lease_until > now()) AS running,
        l.from_claims,
        ARRAY(SELECT c.daemon || '=' || c.max_running FROM task_type_limit_claims AS c
               WHERE c.task_type = l.task_type ORDER BY c.daemon) AS claims
 FROM task_type_limits AS l
 ORDER BY l.task_type;
+
+-- name: repair_limit_slots
+-- Make the slot rows of these types (%(task_types)s; NULL: every type) agree with the task
+-- rows, which are the truth: run by every setting of a limit and by each reaper pass. Plain
+-- SQL may delete slot rows or write any value into them (a slot held 'infinity', a holder
+-- that does not exist); nothing else repairs them, and a limited type would stall for good.
+-- seen: the held slot rows as this statement's snapshot has them, each with whether its
+--   holder still runs under the slot's token, and the end of that holder's lease.
+-- fixed: a slot whose claim ended, or whose task is gone, is freed; a slot whose lease ends
+--   after its task's (or never) is bounded by the task's lease: a slot never outlives its
+--   claim's lease. Each row is changed only as seen: a claim or a renewal that changed it
+--   since the snapshot was taken (READ COMMITTED's recheck of the locked row sees the new
+--   version, the seen values stay the copy this statement read) leaves it alone, so the
+--   repair never frees a slot a claim has just taken, nor shortens one just renewed.
+-- restored: slots 1..N missing from a limited type (deleted), recreated held by the RUNNING
+--   task that names the slot under a live lease, if any, else free: the repair never makes
+--   a second place for a task that still runs. The holders are looked for only when a slot
+--   is missing. N is bounded by %(max_limit)s: a limit row any login may write must not
+--   make a billion rows.
+-- pruned: free slots above a lowered limit, as set_task_type_limit deletes them.
+-- No arithmetic on a slot row's values: no value in one may abort the statement.
+WITH limited AS MATERIALIZED (
+    SELECT l.task_type, l.max_running, least(l.max_running, %(max_limit)s) AS wanted
+    FROM task_type_limits AS l
+    WHERE %(task_types)s::text[] IS NULL OR l.task_type = ANY(%(task_types)s::text[])
+),
+seen AS MATERIALIZED (
+    SELECT s.task_type, s.slot, s.task_id, s.lease_token, s.lease_until,
+           t.id IS NOT NULL AS holder_runs,
+           coalesce(t.lease_until, '-infinity') AS bound
+    FROM task_type_slots AS s
+    LEFT JOIN tasks AS t
+      ON t.id = s.task_id AND t.status = 'RUNNING' AND t.lease_token = s.lease_token
+    WHERE s.task_id IS NOT NULL
+      AND (%(task_types)s::text[] IS NULL OR s.task_type = ANY(%(task_types)s::text[]))
+),
+fixed AS (
+    UPDATE task_type_slots AS s
+    SET task_id = CASE WHEN seen.holder_runs THEN s.task_id END,
+        lease_token = CASE WHEN seen.holder_runs THEN s.lease_token END,
+        lease_until = CASE WHEN seen.holder_runs THEN seen.bound END
+    FROM seen
+    WHERE s.task_type = seen.task_type AND s.slot = seen.slot
+      AND (NOT seen.holder_runs OR s.lease_until IS NULL OR s.lease_until > seen.bound)
+      AND s.task_id = seen.task_id
+      AND s.lease_token IS NOT DISTINCT FROM seen.lease_token
+      AND s.lease_until IS NOT DISTINCT FROM seen.lease_until
+    RETURNING seen.holder_runs
+),
+short AS MATERIALIZED (
+    SELECT limited.task_type, limited.wanted FROM limited
+    WHERE (SELECT count(*) FROM task_type_slots AS s
+            WHERE s.task_type = limited.task_type AND s.slot <= limited.wanted)
+          < limited.wanted
+),
+missing AS MATERIALIZED (
+    SELECT short.task_type, k.slot
+    FROM short
+    CROSS JOIN LATERAL generate_series(1, short.wanted) AS k(slot)
+    WHERE NOT EXISTS (SELECT 1 FROM task_type_slots AS s
+                      WHERE s.task_type = short.task_type AND s.slot = k.slot)
+),
+holders AS MATERIALIZED (
+    SELECT DISTINCT ON (t.task_type, t.slot) t.task_type, t.slot, t.id, t.lease_token,
+           t.lease_until
+    FROM tasks AS t
+    WHERE EXISTS (SELECT 1 FROM missing)
+      AND t.status = 'RUNNING' AND t.lease_until > now() AND t.slot > 0
+      AND t.lease_token IS NOT NULL
+      AND t.task_type = ANY(ARRAY(SELECT DISTINCT task_type FROM missing))
+    ORDER BY t.task_type, t.slot, t.lease_until DESC
+),
+restored AS (
+    INSERT INTO task_type_slots (task_type, slot, task_id, lease_token, lease_until)
+    SELECT missing.task_type, missing.slot, holders.id, holders.lease_token,
+           holders.lease_until
+    FROM missing
+    LEFT JOIN holders ON holders.task_type = missing.task_type AND holders.slot = missing.slot
+    ON CONFLICT (task_type, slot) DO NOTHING
+    RETURNING task_id
+),
+pruned AS (
+    DELETE FROM task_type_slots AS s
+    USING limited
+    WHERE s.task_type = limited.task_type AND s.slot > limited.max_running
+      AND s.task_id IS NULL
+)
+SELECT (SELECT count(*) FROM fixed WHERE NOT holder_runs) AS freed,
+       (SELECT count(*) FROM fixed WHERE holder_runs) AS bounded,
+       (SELECT count(*) FROM restored WHERE task_id IS NOT NULL) AS restored_held,
+       (SELECT count(*) FROM restored WHERE task_id IS NULL) AS restored_free;
+
+-- name: adopt_running_tasks
+-- Setting a limit (after repair_limit_slots, in the same transaction): the tasks of the type
+-- RUNNING under a live lease that hold no slot (claimed while it had no limit) take one, so
+-- that they count: a free slot first, in slot order, else a new one above every slot the
+-- type has (held above the limit, like the excess of a lowered one, it ends with its task).
+-- A free slot a claim took since this statement read it is left alone (the recheck of the
+-- locked row finds it held): its task stays without a slot. The task row names its slot
+-- only where the slot row was written for it, and only while it still runs under the
+-- same claim; a slot written for a task that ended meanwhile is freed by the next repair
+-- (its lease is the task's, so it never outlives the claim either way). The slot row is
+-- locked before the task row, unlike the final writes, but a task without a slot has no
+-- slot row for them to lock, so none waits in a cycle.
+WITH unslotted AS MATERIALIZED (
+    SELECT t.id, t.lease_token, t.lease_until, row_number() OVER (ORDER BY t.id) AS n
+    FROM tasks AS t
+    WHERE EXISTS (SELECT 1 FROM task_type_limits AS l WHERE l.task_type = %(task_type)s)
+      AND t.status = 'RUNNING' AND t.task_type = %(task_type)s AND t.slot IS NULL
+      AND t.lease_until > now() AND t.lease_token IS NOT NULL
+    ORDER BY t.id
+    LIMIT %(max_limit)s
+),
+free AS MATERIALIZED (
+    SELECT s.slot, row_number() OVER (ORDER BY s.slot) AS n
+    FROM task_type_slots AS s
+    WHERE EXISTS (SELECT 1 FROM unslotted)
+      AND s.task_type = %(task_type)s AND s.task_id IS NULL
+),
+placed AS MATERIALIZED (
+    SELECT u.id, u.lease_token, u.lease_until, f.slot AS free_slot,
+           CASE WHEN f.slot IS NULL
+                THEN (SELECT coalesce(max(s.slot), 0) FROM task_type_slots AS s
+                       WHERE s.task_type = %(task_type)s)
+                     + u.n - (SELECT count(*) FROM free) END AS new_slot
+    FROM unslotted AS u
+    LEFT JOIN free AS f ON f.n = u.n
+),
+taken AS (
+    UPDATE task_type_slots AS s
+    SET task_id = p.id, lease_token = p.lease_token, lease_until = p.lease_until
+    FROM placed AS p
+    WHERE s.task_type = %(task_type)s AND s.slot = p.free_slot AND s.task_id IS NULL
+    RETURNING s.slot, p.id
+),
+added AS (
+    INSERT INTO task_type_slots (task_type, slot, task_id, lease_token, lease_until)
+    SELECT %(task_type)s, p.new_slot, p.id, p.lease_token, p.lease_until
+    FROM placed AS p
+    WHERE p.new_slot BETWEEN 1 AND 2147483647
+    ON CONFLICT (task_type, slot) DO NOTHING
+    RETURNING slot, task_id AS id
+),
+adopted AS (
+    UPDATE tasks AS t
+    SET slot = written.slot
+    FROM (SELECT slot, id FROM taken UNION ALL SELECT slot, id FROM added) AS written
+    JOIN placed AS p ON p.id = written.id
+    WHERE t.id = written.id AND t.status = 'RUNNING' AND t.lease_token = p.lease_token
+      AND t.slot IS NULL
+    RETURNING t.id
+)
+SELECT count(*) AS adopted FROM adopted;
 
 -- name: lock_limit_claims
 -- One writer of a type's claims at a time, so that each one computes the limit from every

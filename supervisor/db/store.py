@@ -67,9 +67,10 @@ def complete_and_claim(conn, completions: Sequence[Claim], *, worker_id: str,
 
     Tasks of a type with a global limit are claimed only through the limit's slots
     (complete_and_claim_limited). Without limits the plain statement is a fifth cheaper, so
-    it is the one used while the last answer on this connection said no limit binds these
-    types; when a limit appears, the plain statement leaves those types out and says so, and
-    a second statement claims their share at once.
+    it is the one used while the last claim on this connection said no limit binds its
+    types; when a limit appears, the plain statement claims nothing (it would take tasks of
+    other types ahead of the limited type's more urgent ones) and says so, and the limited
+    statement claims in its place at once.
     """
     task_types = list(task_types)
     usage = usage or [(None, None)] * len(completions)
@@ -80,7 +81,10 @@ def complete_and_claim(conn, completions: Sequence[Claim], *, worker_id: str,
         "task_types": task_types, "lease_seconds": lease_seconds, "limit": limit}
     limited = _LIMITED.get(conn, True)
     landed, claimed, limits_bind = _complete_and_claim(conn, limited, params)
-    _LIMITED[conn] = limits_bind
+    # An answer to no types (a completion written alone) says nothing about limits: keeping
+    # it would send the next claim through the plain statement (issue 14.6).
+    if task_types:
+        _LIMITED[conn] = limits_bind
     if limits_bind and not limited and len(claimed) < limit:
         _, more, _ = _complete_and_claim(conn, True, {
             **params, "done_ids": [], "done_tokens": [], "done_cpu": [], "done_rss": [],
@@ -303,10 +307,40 @@ def set_task_type_limit(conn, task_type: str, max_running: int, *,
                         updated_by: str | None, from_claims: bool = False) -> dict:
     """Set the global concurrency limit of a task type: {task_type, max_running, previous
     (None if it had none), changed, notified (idle workers woken for a raised limit)}.
-    ``from_claims``: the limit is the daemons' smallest claim, not an operator's value."""
-    return _one(conn, "set_task_type_limit", {"task_type": task_type, "max_running": max_running,
-                                              "updated_by": updated_by,
-                                              "from_claims": from_claims})
+    ``from_claims``: the limit is the daemons' smallest claim, not an operator's value.
+    Its slots are rebuilt from the RUNNING tasks in the same transaction (repair_limit_slots,
+    then adopt_running_tasks: a task running without a slot takes one): setting a limit
+    never makes a second place for a task that runs, and every running task counts."""
+    with _atomic(conn):
+        row = _one(conn, "set_task_type_limit", {"task_type": task_type,
+                                                 "max_running": max_running,
+                                                 "updated_by": updated_by,
+                                                 "from_claims": from_claims})
+        repair_limit_slots(conn, [task_type])
+        _one(conn, "adopt_running_tasks", {"task_type": task_type, "max_limit": MAX_LIMIT})
+    return row
+
+
+def repair_limit_slots(conn, task_types: Sequence[str] | None = None) -> dict:
+    """Make the slot rows of these types (None: all) agree with the tasks: free those whose
+    claim ended or is gone, bound each held one's lease by its task's, recreate missing ones
+    (held by the RUNNING task that names them, if any). {freed, bounded, restored_held,
+    restored_free}: how many rows each way."""
+    return _one(conn, "repair_limit_slots", {
+        "task_types": None if task_types is None else list(task_types),
+        "max_limit": MAX_LIMIT})
+
+
+@contextlib.contextmanager
+def _atomic(conn) -> Iterator[None]:
+    """Several statements as one transaction: on an idle autocommit connection, a transaction
+    of their own; otherwise the caller's (or the one the first statement opens, which the
+    caller commits), never committed here."""
+    if conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        with conn.transaction():
+            yield
+    else:
+        yield
 
 
 def remove_task_type_limit(conn, task_type: str, *, with_claims: bool = True) -> dict | None:

@@ -4,7 +4,8 @@ Their owners were workers of any daemon, on any host, that died or were cut off.
 would also take such a task over, but only for a worker of the right type that happens to
 poll; the reaper makes recovery (and the retry accounting) independent of that. Many daemons
 may run it on one database at once: each batch is taken with SKIP LOCKED and every update
-re-checks that the lease is still expired.
+re-checks that the lease is still expired. Each pass also repairs the global limits' slot
+rows (a slot never outlives its claim's lease).
 """
 
 from __future__ import annotations
@@ -45,4 +46,13 @@ class LeaseReaper(PeriodicService):
             reaped.extend(rows)
             if len(rows) < self.batch_size:
                 break
+        self.repair_slots()
         return reaped
+
+    def repair_slots(self) -> None:
+        """Slot rows that plain SQL deleted or wrote (held 'infinity', by a claim that ended)
+        stall a limited type for good, since no claim takes them and no end frees them: each
+        pass makes them agree with the tasks again (store.repair_limit_slots)."""
+        repaired = store.repair_limit_slots(self.connection())
+        if any(repaired.values()):
+            emit("limit_slots_repaired", logging.WARNING, **repaired)

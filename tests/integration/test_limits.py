@@ -242,13 +242,24 @@ def test_a_slot_whose_lease_ran_out_is_free_and_its_late_renewal_is_lost(client,
                               lease_seconds=30) == {second["lease_token"]}
 
 
-def test_a_claim_made_before_the_limit_renews_and_does_not_count(client, conn):
-    add_task(conn, "old", priority=1)
-    add_task(conn, "new")
-    (old,) = claim(conn, "echo", limit=1)
+def test_a_task_running_when_its_limit_is_set_takes_a_slot_and_counts(client, conn):
+    """Setting a limit rebuilds its slots from the RUNNING tasks: one claimed while the type
+    had no limit holds a slot from then on (above the limit when it is full), renews with it
+    and gives it back when it ends."""
+    for n in range(4):
+        add_task(conn, f"t{n}", priority=9 - n)
+    old, older = claim(conn, "echo", limit=2)
     client.set_limit("echo", 1)
-    assert store.renew_leases(conn, [as_claim(old)], lease_seconds=30) == {old["lease_token"]}
-    assert ids(claim(conn, "echo")) == ["new"]
+    assert sorted(held_slots(conn)) == ["t0", "t1"]
+    assert client.limits()[0]["running"] == 2
+    assert ids(claim(conn, "echo")) == []
+    assert store.renew_leases(conn, [as_claim(old), as_claim(older)], lease_seconds=30) == \
+        {old["lease_token"], older["lease_token"]}
+    # t1 holds the slot above the limit: its end frees nothing a claim may take.
+    store.complete_tasks(conn, [as_claim(older)])
+    assert ids(claim(conn, "echo")) == [], "t0 still runs: the limit of 1 is full"
+    store.complete_tasks(conn, [as_claim(old)])
+    assert ids(claim(conn, "echo")) == ["t2"]
 
 
 def test_lowering_a_limit_stops_nothing_and_the_excess_ends_with_its_tasks(client, conn):
@@ -325,9 +336,9 @@ def test_a_limit_set_between_two_claims_of_a_connection_binds_the_second(client,
     for n in range(4):
         add_task(conn, f"t{n}", priority=4 - n)
     assert ids(claim(conn, "echo", limit=1)) == ["t0"]
-    client.set_limit("echo", 1)
+    client.set_limit("echo", 2)  # t0, running, takes one of the two places
     assert ids(claim(conn, "echo", limit=5)) == ["t1"]
-    assert held_slots(conn) == ["t1"]
+    assert held_slots(conn) == ["t0", "t1"]
     assert ids(claim(conn, "echo", limit=5)) == []
     client.remove_limit("echo")
     assert ids(claim(conn, "echo", limit=5)) == ["t2", "t3"]
@@ -365,3 +376,266 @@ def test_config_claims_a_start_an_operator_and_a_hand_written_claim(client, conn
     client.set_limit("works", 5)
     write_limits(conn, {}, daemon="a", starting=True)  # no claim on works: not a's to drop
     assert limits() == {"works": 5}
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_lone_completion_write_does_not_let_the_next_claim_skip_a_limited_type(client, conn,
+                                                                                batch):
+    """Issue 14.6: a completion written alone (no types asked, as the batch guard and a
+    stopping worker write them) said nothing about limits; the connection's next claim then
+    went through the plain statement, which leaves limited types out, and took priority-0
+    tasks of an unlimited type ahead of due priority-9 tasks of a limited type with free
+    slots."""
+    client.set_limit("echo", 2)
+    add_task(conn, "first", "echo", priority=9)
+    (first,) = claim(conn, "echo", "record", limit=1)  # the connection knows of the limit
+    assert first["id"] == "first"
+    for n in range(2):
+        add_task(conn, f"echo-{n}", "echo", priority=9)
+    for n in range(3):
+        add_task(conn, f"record-{n}", "record", priority=0)
+    assert store.complete_tasks(conn, [as_claim(first)]) == {first["lease_token"]}
+    rows = claim(conn, "echo", "record", limit=batch)
+    assert ids(rows) == ["echo-0", "echo-1", "record-0"][:batch]
+
+
+def test_the_first_claim_after_a_limit_appears_keeps_the_priority_order(client, conn):
+    """A connection that last claimed without limits learns of one from the plain
+    statement's answer: that statement must not have taken lower-priority tasks of other
+    types meanwhile."""
+    add_task(conn, "warm", "record")
+    assert ids(claim(conn, "echo", "record", limit=1)) == ["warm"]
+    client.set_limit("echo", 1)
+    add_task(conn, "echo-0", "echo", priority=9)
+    add_task(conn, "record-0", "record", priority=0)
+    assert ids(claim(conn, "echo", "record", limit=1)) == ["echo-0"]
+
+
+# -- slot rows written by plain SQL (issue 15, items 6 and 11) ---------------------------------
+
+
+def repair(conn) -> dict:
+    return store.repair_limit_slots(conn)
+
+
+@pytest.mark.parametrize("new_limit", [1, 2])
+def test_setting_a_limit_after_its_slots_were_deleted_rebuilds_them_from_the_running_tasks(
+        client, conn, new_limit):
+    """Issue 15.6: slot rows deleted by SQL, then `limit T N` recreated them free while the
+    first owner still ran: a second claim took its place."""
+    client.set_limit("echo", 1)
+    for n in range(3):
+        add_task(conn, f"t{n}", priority=3 - n)
+    (first,) = claim(conn, "echo", limit=3)
+    conn.execute("DELETE FROM task_type_slots")
+    client.set_limit("echo", new_limit)
+    assert held_slots(conn) == ["t0"]
+    assert ids(claim(conn, "echo", limit=3)) == ["t1", "t2"][:new_limit - 1]
+    # The first owner still holds its place, and renews it.
+    assert store.renew_leases(conn, [as_claim(first)], lease_seconds=30) == \
+        {first["lease_token"]}
+    assert (client.limits()[0]["running"]) == new_limit
+
+
+def test_a_renewal_whose_slot_vanished_is_lost(client, conn):
+    client.set_limit("echo", 1)
+    add_task(conn, "t0")
+    (row,) = claim(conn, "echo", lease=30)
+    conn.execute("DELETE FROM task_type_slots")
+    assert store.renew_leases(conn, [as_claim(row)], lease_seconds=30) == set()
+
+
+@pytest.mark.parametrize("damage", ["deleted", "infinity_ended", "infinity_running",
+                                    "null_lease", "no_task", "null_token"])
+def test_the_repair_frees_what_no_live_claim_holds_and_bounds_what_one_does(client, conn,
+                                                                          damage):
+    """Issue 15.11: slots deleted, or held by 'infinity', stalled a limited type for good,
+    and neither a restart nor `limit off` + `limit 2` repaired them. The reaper's repair
+    frees a slot whose claim ended or is gone, recreates missing slots, and bounds a slot's
+    lease by its task's, so a slot never outlives its claim's lease."""
+    client.set_limit("echo", 2)
+    for n in range(4):
+        add_task(conn, f"t{n}", priority=4 - n)
+    first, second = claim(conn, "echo", limit=2, lease=1)
+    if damage == "deleted":
+        conn.execute("DELETE FROM task_type_slots")
+    elif damage == "infinity_ended":
+        # Both claims end without their slots (plain SQL frees none); the slots say forever.
+        conn.execute("UPDATE tasks SET status = 'COMPLETED' WHERE status = 'RUNNING'")
+        conn.execute("UPDATE task_type_slots SET lease_until = 'infinity'")
+    elif damage == "infinity_running":
+        conn.execute("UPDATE task_type_slots SET lease_until = 'infinity'")
+    elif damage == "null_lease":
+        conn.execute("UPDATE task_type_slots SET lease_until = NULL")
+    elif damage == "no_task":
+        conn.execute("UPDATE task_type_slots SET task_id = 'nobody', "
+                     "lease_until = 'infinity'")
+    else:
+        conn.execute("UPDATE task_type_slots SET lease_token = NULL, "
+                     "lease_until = 'infinity'")
+    repair(conn)
+    if damage in ("infinity_ended", "no_task", "null_token"):
+        assert held_slots(conn) == []  # no live claim holds them: free now
+    else:
+        # The two claims still run: they keep their places until their 1 s leases end.
+        assert held_slots(conn) == ["t0", "t1"]
+        assert ids(claim(conn, "echo", limit=2)) == []
+        wait_until(lambda: not held_slots(conn), timeout=5,
+                   message="the slots to end with their tasks' leases")
+    rows = claim(conn, "echo", limit=4, worker="next")
+    assert len(rows) == 2, "the limit is usable again"
+
+
+def test_limit_off_and_on_repairs_infinite_slots_and_limits_counts_running_tasks(client,
+                                                                                conn):
+    client.set_limit("echo", 2)
+    for n in range(4):
+        add_task(conn, f"t{n}")
+    claim(conn, "echo", limit=2)
+    conn.execute("UPDATE tasks SET status = 'COMPLETED' WHERE status = 'RUNNING'")
+    conn.execute("UPDATE task_type_slots SET lease_until = 'infinity'")
+    assert client.limits()[0]["running"] == 0, "no task runs"
+    assert client.remove_limit("echo")
+    client.set_limit("echo", 2)
+    assert len(claim(conn, "echo", limit=4)) == 2
+    assert client.limits()[0]["running"] == 2
+
+
+def test_no_value_in_a_slot_row_aborts_the_claims_or_the_repair(client, conn):
+    """Plain SQL may write anything a column holds; every statement that reads slot rows
+    serves other tasks too."""
+    client.set_limit("echo", 3)
+    client.set_limit("record", 1)
+    add_task(conn, "r0", "record")
+    conn.execute("DELETE FROM task_type_slots WHERE task_type = 'echo'")
+    conn.execute("INSERT INTO task_type_slots VALUES "
+                 "('echo', 1, repeat('x', 10000), 9223372036854775807, '-infinity'), "
+                 "('echo', 2, '', -9223372036854775808, 'infinity'), "
+                 "('echo', 2147483647, 'ghost', 1, 'infinity'), "
+                 "('unlimited', 1, 'ghost', 1, NULL)")
+    conn.execute("UPDATE tasks SET slot = -1 WHERE id = 'r0'")
+    for n in range(3):
+        add_task(conn, f"e{n}")
+    repair(conn)
+    assert sorted(ids(claim(conn, "echo", "record", limit=5))) == ["e0", "e1", "e2", "r0"]
+    repair(conn)
+    assert client.limits()[0]["running"] == 3
+
+
+def test_the_repair_changes_nothing_that_claims_renewals_and_ends_are_doing(client, db_dsn,
+                                                                           conn):
+    """The repair runs on every daemon's reaper beside every claim: racing claimers that
+    complete, fail, release and renew in batches, it must find nothing to repair, and the
+    limit holds by the task rows at every moment."""
+    client.set_limit("echo", 3)
+    for n in range(300):
+        add_task(conn, f"t{n}", max_retries=0)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    repaired: list[dict] = []
+    most = [0]
+
+    def claimer(n: int) -> None:
+        try:
+            with psycopg.connect(db_dsn, autocommit=True) as own:
+                done: list[store.Claim] = []
+                while not stop.is_set():
+                    _, rows = store.complete_and_claim(own, done, worker_id=f"w{n}",
+                                                       task_types=["echo"], lease_seconds=30,
+                                                       limit=2)
+                    claims = [as_claim(row, f"w{n}") for row in rows]
+                    store.renew_leases(own, claims, lease_seconds=30)
+                    done = []
+                    for i, one in enumerate(claims):
+                        if i % 3 == 1:
+                            store.release_tasks(own, [(one.task_id, one.token)])
+                        elif i % 5 == 2:
+                            store.fail_attempt(own, one, error="x", permanent=True,
+                                               retry=NO_BACKOFF)
+                        else:
+                            done.append(one)
+                    if not rows:
+                        store.complete_tasks(own, done)
+                        done = []
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    def repairer() -> None:
+        try:
+            with psycopg.connect(db_dsn, autocommit=True) as own:
+                while not stop.is_set():
+                    repaired.append(store.repair_limit_slots(own))
+                    running = own.execute("SELECT count(*) FROM tasks "
+                                          "WHERE status = 'RUNNING'").fetchone()[0]
+                    most[0] = max(most[0], running)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(4)]
+    threads += [threading.Thread(target=repairer) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: errors or conn.execute(
+            "SELECT count(*) FROM tasks WHERE status IN ('PENDING', 'RUNNING')"
+        ).fetchone()[0] == 0, timeout=60, message="every task to end")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert not errors, errors[:3]
+    assert len(repaired) > 10
+    assert [r for r in repaired if any(r.values())] == []
+    assert most[0] <= 3
+    assert held_slots(conn) == []
+
+
+def test_limits_set_and_removed_while_claims_race_deadlock_nothing_and_leak_no_slot(client,
+                                                                                  db_dsn,
+                                                                                  conn):
+    """Each setting rebuilds the slots and gives running tasks theirs while claimers claim,
+    renew and complete in batches: no statement fails (a deadlock would abort one), and
+    once every task ended no slot is held."""
+    for n in range(400):
+        add_task(conn, f"t{n}", max_retries=0)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def claimer(n: int) -> None:
+        try:
+            with psycopg.connect(db_dsn, autocommit=True) as own:
+                done: list[store.Claim] = []
+                while not stop.is_set():
+                    _, rows = store.complete_and_claim(own, done, worker_id=f"w{n}",
+                                                       task_types=["echo"], lease_seconds=30,
+                                                       limit=3)
+                    done = [as_claim(row, f"w{n}") for row in rows]
+                    store.renew_leases(own, done, lease_seconds=30)
+                    if not rows:
+                        stop.wait(0.005)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        for round_ in range(30):
+            client.set_limit("echo", 1 + round_ % 3)
+            client.remove_limit("echo")
+        client.set_limit("echo", 2)
+        wait_until(lambda: errors or conn.execute(
+            "SELECT count(*) FROM tasks WHERE status = 'PENDING'").fetchone()[0] == 0,
+            timeout=60, message="every task to be claimed")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert not errors, errors[:3]
+    # The claimers' last claims are still RUNNING; their completions end them.
+    for row in conn.execute("SELECT id, claimed_by, lease_token FROM tasks "
+                            "WHERE status = 'RUNNING'").fetchall():
+        assert store.complete_tasks(conn, [store.Claim(*row)]) == {row[2]}
+    assert held_slots(conn) == []
+    assert store.repair_limit_slots(conn) == {"freed": 0, "bounded": 0, "restored_held": 0,
+                                              "restored_free": 0}
