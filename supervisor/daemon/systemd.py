@@ -71,18 +71,6 @@ class SystemdReport:
         """``status`` is the children's ChildrenStatus; ``health`` the health check, if any."""
         now = time.monotonic()
         children = list(children)
-        if not self.ready_sent and not stopping:
-            first = [c for c in children if c.generation == 1]
-            all_booted = all(c.booted for c in first) and len(first) >= status.expected
-            if all_booted or status.fused_pools or now - started_at > boot_timeout:
-                self.ready_sent = True
-                notify("READY=1")
-                emit("supervisor_ready", live=status.live, expected=status.expected,
-                     fused_pools=list(status.fused_pools))
-        interval = watchdog_interval()
-        if interval and now - self._last_watchdog >= interval:
-            self._last_watchdog = now
-            notify("WATCHDOG=1")
         line = f"STATUS={status.live}/{status.expected} workers"
         busy = sum(1 for c in children if c.claims)
         line += f", {busy} busy"
@@ -91,6 +79,20 @@ class SystemdReport:
         if health is not None:
             latest = health.latest()
             line += f", {latest.tasks_by_status.get('PENDING', 0)} pending"
+        if not self.ready_sent and not stopping:
+            first = [c for c in children if c.generation == 1]
+            all_booted = all(c.booted for c in first) and len(first) >= status.expected
+            if all_booted or status.fused_pools or now - started_at > boot_timeout:
+                self.ready_sent = True
+                # One datagram: whoever sees READY also sees what the daemon is ready with.
+                self._last_status = line
+                notify("READY=1", line)
+                emit("supervisor_ready", live=status.live, expected=status.expected,
+                     fused_pools=list(status.fused_pools))
+        interval = watchdog_interval()
+        if interval and now - self._last_watchdog >= interval:
+            self._last_watchdog = now
+            notify("WATCHDOG=1")
         if line != self._last_status:
             self._last_status = line
             notify(line)

@@ -92,7 +92,9 @@ def test_daemon_speaks_sd_notify(tmp_path, db_dsn):
 
     try:
         wait_until(lambda: saw("READY=1"), timeout=30, message="READY=1")
-        assert any(m.startswith("STATUS=") for m in received)
+        # READY carries its STATUS in the same datagram: a reader never sees one without the other.
+        ready = next(m for m in received if "READY=1" in m.split("\n"))
+        assert any(f.startswith("STATUS=") for f in ready.split("\n")), ready
         wait_until(lambda: saw("WATCHDOG=1"), timeout=5, message="a watchdog ping")
 
         # The children must not be able to notify on the supervisor's behalf.
