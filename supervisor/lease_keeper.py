@@ -84,6 +84,24 @@ class Settlement:
     kind: str
     claims: tuple[Held, ...]
     reason: str
+    unheard: "Unheard | None" = None
+
+
+@dataclass(frozen=True)
+class Unheard:
+    """A dead child's claims to look for: those it made but died before telling us of.
+    Settled like the others, by what its claim board says of each token (nothing: never
+    started). ``running_kind`` is how a started one is settled (rescue, or release when we
+    stopped the child on purpose)."""
+    worker_id: str
+    pool: str
+    holder: Holder
+    died_at: float  # monotonic
+    known_tokens: frozenset[int]
+    states: dict
+    running_kind: str
+    lease_seconds: float
+    renew_interval: float
 
 
 class LeaseKeeper(threading.Thread):
@@ -144,6 +162,12 @@ class LeaseKeeper(threading.Thread):
             for held in claims:
                 self._held.pop(held.token, None)
             self._settlements.append(Settlement(kind, tuple(claims), reason))
+            self._wakeup.notify()
+
+    def settle_unheard(self, unheard: Unheard, reason: str) -> None:
+        """After a child's death: settle the claims it made and never told us of."""
+        with self._wakeup:
+            self._settlements.append(Settlement("unheard", (), reason, unheard))
             self._wakeup.notify()
 
     def unsettled(self) -> list[str]:
@@ -309,8 +333,35 @@ class LeaseKeeper(threading.Thread):
         if settlement.kind == "complete":
             self._complete(conn, settlement.claims)
             return
+        if settlement.kind == "unheard":
+            self._settle_unheard(conn, settlement.unheard, settlement.reason)
+            return
         for held in settlement.claims:
             self._rescue(conn, held, settlement.reason)
+
+    def _settle_unheard(self, conn, unheard: Unheard, reason: str) -> None:
+        from .claim_board import FINISHED, STARTED
+
+        rows = store.unheard_claims(conn, unheard.worker_id,
+                                    died_seconds_ago=time.monotonic() - unheard.died_at,
+                                    known_tokens=sorted(unheard.known_tokens))
+        if not rows:
+            return
+        by_kind: dict[str, list[Held]] = {"complete": [], "release": [], unheard.running_kind: []}
+        for row in rows:
+            held = Held(row["id"], int(row["lease_token"]), row["task_type"], unheard.worker_id,
+                        unheard.pool, unheard.holder, unheard.lease_seconds,
+                        unheard.renew_interval)
+            state = unheard.states.get(held.token)
+            kind = ("complete" if state == FINISHED else
+                    unheard.running_kind if state == STARTED else "release")
+            by_kind[kind].append(held)
+        emit("unheard_claims", logging.WARNING, worker_id=unheard.worker_id, pool=unheard.pool,
+             tasks=len(rows), task_ids=[r["id"] for r in rows[:20]],
+             **{k: len(v) for k, v in by_kind.items()})
+        for kind, claims in by_kind.items():
+            if claims:
+                self._settle_one(conn, Settlement(kind, tuple(claims), reason))
 
     def _complete(self, conn, claims: Sequence[Held]) -> None:
         # One statement per worker id: the completion is conditioned on each claim's owner.

@@ -321,6 +321,8 @@ class Arbiter(ChildStops, Reloading, Shutdown):
             code = child.process.poll()
             if code is None:
                 continue
+            # Its pid is free from here on; claims made later under its worker id are not its.
+            child.exited_at = time.monotonic()
             # Whatever the child sent before it died (a last "done") must count.
             self.links.read(child)
             child.link.close()
@@ -364,15 +366,35 @@ class Arbiter(ChildStops, Reloading, Shutdown):
     def settle_claims(self, child: Child, how: str) -> None:
         """The claims a dead child held, handed to the lease keeper's thread, each settled by
         what the child wrote of it on its claim board: a run whose handler succeeded is
-        completed; the run it was
-        in counts as a failed attempt at once (no waiting for the lease to expire), unless we
-        stopped it on purpose (a shutdown): then it is released; a claim it never started
-        goes back without spending a retry."""
+        completed; the run it was in counts as a failed attempt at once (no waiting for the
+        lease to expire), unless we stopped it on purpose (a shutdown): then it is released;
+        a claim it never started goes back without spending a retry. So do the claims it
+        made and died before telling us of."""
+        # Not imported at the top: it imports prometheus_client, which must wait until the
+        # metrics directory is set.
+        from ..lease_keeper import Unheard
+
         held = self.keeper.drop_holder(child)
         state = child.board.states() if child.board is not None else {}
         if child.board is not None:
             child.board.close()
             child.board = None
+        stopped_on_purpose = child.stopping in ("shutdown", "reload aborted") and child.killed_by_us
+        if child.worker_id:
+            # A child killed between a claim's commit and its message holds tasks we never
+            # heard of: look for them (after the settlements below, in the keeper's order).
+            lease = child.config.lease
+            unheard = Unheard(child.worker_id, child.pool, child, died_at=child.exited_at,
+                              known_tokens=frozenset(h.token for h in held), states=state,
+                              running_kind="release" if stopped_on_purpose else "rescue",
+                              lease_seconds=lease.seconds, renew_interval=lease.renew_interval)
+        else:
+            unheard = None
+        self._settle_held(held, state, stopped_on_purpose, self.death_reason(child, how))
+        if unheard is not None:
+            self.keeper.settle_unheard(unheard, self.death_reason(child, how))
+
+    def _settle_held(self, held, state, stopped_on_purpose: bool, reason: str) -> None:
         if not held:
             return
         finished = [h for h in held if state.get(h.token) == FINISHED]
@@ -381,10 +403,10 @@ class Arbiter(ChildStops, Reloading, Shutdown):
         waiting = [h for h in held if state.get(h.token, CLAIMED) == CLAIMED]
         self.keeper.settle("complete", finished, "completed")
         self.keeper.settle("release", waiting, "release")
-        if child.stopping in ("shutdown", "reload aborted") and child.killed_by_us:
+        if stopped_on_purpose:
             self.keeper.settle("release", running, "release")
         else:
-            self.keeper.settle("rescue", running, self.death_reason(child, how))
+            self.keeper.settle("rescue", running, reason)
 
     def death_reason(self, child: Child, how: str) -> str:
         worker = child.worker_id or child.label

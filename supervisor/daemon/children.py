@@ -90,6 +90,7 @@ class Child:
     # The run it reported starting, for a type with a timeout or cancel: kill (run_policies.py).
     running: object | None = None
     claimed_any: bool = False
+    exited_at: float = 0.0  # monotonic, when we reaped it
     timeout_reason: str | None = None
 
     @property

@@ -417,6 +417,20 @@ RETURNING t.lease_token;
 -- Why claims were lost: what their tasks are now.
 SELECT id, status, lease_token FROM tasks WHERE id = ANY(%(ids)s::text[]);
 
+-- name: unheard_claims
+-- Claims a dead child made that its supervisor never heard of: it died between its claim's
+-- commit and its message. Only claims made before it died (started_at is the claim's now()):
+-- once its pid is free, another daemon on this host may fork a child with the same worker
+-- id, and its claims are not ours to settle. The lease index serves status = 'RUNNING'.
+SELECT t.id, t.lease_token, t.task_type
+FROM tasks AS t
+WHERE t.status = 'RUNNING'
+  AND t.claimed_by = %(worker_id)s
+  AND t.started_at <= now() - (%(died_seconds_ago)s * interval '1 second')
+  AND t.lease_token IS NOT NULL
+  AND NOT t.lease_token = ANY(%(known_tokens)s::bigint[])
+LIMIT %(limit)s;
+
 -- name: release_tasks
 -- Give claims back without spending a retry: a stopping daemon, or tasks of a batch that
 -- would wait too long behind a slow handler. Conditioned on each claim's token. Their slots

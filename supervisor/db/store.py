@@ -159,6 +159,15 @@ def fail_attempt(conn, claim: Claim, *, error: str, permanent: bool, retry: Retr
                                        "peak_rss_bytes": peak_rss_bytes, **_backoff(retry)})
 
 
+def unheard_claims(conn, worker_id: str, *, died_seconds_ago: float,
+                   known_tokens: Sequence[int], limit: int = 10_000) -> list[dict]:
+    """{id, lease_token, task_type} of the RUNNING tasks ``worker_id`` claimed before it died
+    ``died_seconds_ago`` and whose tokens are not among ``known_tokens``."""
+    return _all(conn, "unheard_claims", {"worker_id": worker_id,
+                                         "died_seconds_ago": max(0.0, died_seconds_ago),
+                                         "known_tokens": list(known_tokens), "limit": limit})
+
+
 def release_tasks(conn, claims: Sequence[tuple[str, int]]) -> set[str]:
     """Back to PENDING without spending a retry; the ids released. ``claims`` are
     (task_id, token) pairs."""

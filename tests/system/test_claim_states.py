@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 
 import pytest
 
@@ -67,3 +68,32 @@ def test_a_stop_gives_the_waiting_claims_back_at_once(start_daemon, conn, tmp_pa
     gate.touch()
     assert d.wait_exit(20) == 0
     assert task_row(conn, "head")["status"] == "COMPLETED"
+
+
+def test_claims_a_child_died_before_telling_of_go_back_free(start_daemon, conn, tmp_path):
+    """A child killed between its claim's commit and its message: the supervisor never heard
+    of the claim. The kill storm found whole batches FAILED by the reaper 30 s later without
+    having run. Modelled exactly: rows claimed in the child's name by plain SQL, then kill -9.
+    A row claimed in its name after its death (another daemon's child with the same pid)
+    is not touched."""
+    log, gate = tmp_path / "runs.log", tmp_path / "gate"
+    d = start_daemon(pools={"default": {"processes": 1, "batch_size": 5}})
+    (pid,) = d.children()
+    worker_id = f"{socket.gethostname()}:{pid}:default#1"
+    payload = {"log": str(log), "gate": str(gate), "seconds": 0}
+    with conn.transaction():  # the child never sees them PENDING
+        for name in ("u1", "u2", "later"):
+            add_task(conn, name, "sleeps", payload, max_retries=0)
+        conn.execute(
+            "UPDATE tasks SET status = 'RUNNING', claimed_by = %s, attempts = 1,"
+            " lease_token = nextval('pgtaskd_lease_token_seq'),"
+            " lease_until = now() + interval '60 seconds',"
+            " started_at = CASE WHEN id = 'later' THEN now() + interval '1 hour' ELSE now() END"
+            " WHERE id IN ('u1', 'u2', 'later')", (worker_id,))
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: all(task_row(conn, t)["status"] == "COMPLETED" for t in ("u1", "u2")),
+               timeout=20, message="the unheard claims to go back and run (lease: 60 s)")
+    assert [task_row(conn, t)["retry_count"] for t in ("u1", "u2")] == [0, 0]
+    assert sorted(r["task_id"] for r in read_runs(log)) == ["u1", "u2"]
+    assert task_row(conn, "later")["status"] == "RUNNING"
+    assert task_row(conn, "later")["claimed_by"] == worker_id
