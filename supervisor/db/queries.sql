@@ -55,12 +55,15 @@ done AS (
         error_message = NULL,
         finished_at = now(),
         updated_at = now(),
-        cpu_seconds = (%(done_cpu)s::float8[])[array_position(%(done_ids)s::text[], t.id)],
-        peak_rss_bytes = (%(done_rss)s::bigint[])[array_position(%(done_ids)s::text[], t.id)]
+        cpu_seconds = usage.cpu,
+        peak_rss_bytes = usage.rss
+    FROM unnest(%(done_ids)s::text[], %(done_tokens)s::bigint[], %(done_cpu)s::float8[],
+                %(done_rss)s::bigint[]) AS usage(id, token, cpu, rss)
     WHERE t.id = ANY(%(done_ids)s::text[])
+      AND t.id = usage.id
+      AND t.lease_token = usage.token
       AND t.status = 'RUNNING'
       AND t.claimed_by = %(worker_id)s
-      AND t.lease_token = (%(done_tokens)s::bigint[])[array_position(%(done_ids)s::text[], t.id)]
     RETURNING t.lease_token, t.task_type, t.slot
 ),
 unpaused(task_type) AS MATERIALIZED (
@@ -205,12 +208,15 @@ done AS (
         error_message = NULL,
         finished_at = now(),
         updated_at = now(),
-        cpu_seconds = (%(done_cpu)s::float8[])[array_position(%(done_ids)s::text[], t.id)],
-        peak_rss_bytes = (%(done_rss)s::bigint[])[array_position(%(done_ids)s::text[], t.id)]
+        cpu_seconds = usage.cpu,
+        peak_rss_bytes = usage.rss
+    FROM unnest(%(done_ids)s::text[], %(done_tokens)s::bigint[], %(done_cpu)s::float8[],
+                %(done_rss)s::bigint[]) AS usage(id, token, cpu, rss)
     WHERE t.id = ANY(%(done_ids)s::text[])
+      AND t.id = usage.id
+      AND t.lease_token = usage.token
       AND t.status = 'RUNNING'
       AND t.claimed_by = %(worker_id)s
-      AND t.lease_token = (%(done_tokens)s::bigint[])[array_position(%(done_ids)s::text[], t.id)]
     RETURNING t.lease_token, t.task_type, t.slot
 ),
 unpaused(task_type) AS MATERIALIZED (
@@ -389,9 +395,10 @@ WITH owned AS MATERIALIZED (
     SELECT t.id, t.task_type, t.slot, t.lease_token FROM tasks AS t
     WHERE t.id = ANY(%(ids)s::text[])
       AND t.status = 'RUNNING'
-      AND t.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::text[], t.id)]
-      AND t.claimed_by = (%(workers)s::text[])[array_position(%(ids)s::text[], t.id)]
-    FOR UPDATE
+      AND EXISTS (SELECT 1 FROM unnest(%(ids)s::text[], %(tokens)s::bigint[],
+                                       %(workers)s::text[]) AS c(id, token, worker)
+                  WHERE c.id = t.id AND c.token = t.lease_token AND c.worker = t.claimed_by)
+    FOR UPDATE OF t
 ),
 slots_renewed AS (
     UPDATE task_type_slots AS s
@@ -443,11 +450,12 @@ WITH released AS (
         lease_token = NULL,
         lease_until = NULL,
         updated_at = now()
+    FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS asked(id, token)
     WHERE t.id = ANY(%(ids)s::text[])
+      AND t.id = asked.id
+      AND t.lease_token = asked.token
       AND t.status = 'RUNNING'
-      AND t.lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::text[], t.id)]
-    RETURNING t.id, t.task_type, t.slot,
-              (%(tokens)s::bigint[])[array_position(%(ids)s::text[], t.id)] AS ended_token
+    RETURNING t.id, t.task_type, t.slot, asked.token AS ended_token
 ),
 given_back AS (
     UPDATE task_type_slots AS s

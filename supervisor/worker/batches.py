@@ -139,6 +139,9 @@ class BatchRunning:
              tasks=len(pairs), released=len(released))
         for task, token in batch:
             self._record(token, Outcome("released"), task, None)
+        # Another worker may claim them at once: renewed in our name meanwhile, the
+        # supervisor would find them taken and report our lease lost.
+        self.leases.report_settled()
 
     # -- the batch guard ------------------------------------------------------------------------
 

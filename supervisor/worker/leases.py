@@ -48,6 +48,11 @@ class LeaseHolder(Protocol):
     def idle(self, since: float) -> None:
         """Nothing was due at ``since``; the worker now waits for a wake-up or a poll."""
 
+    def report_settled(self) -> None:
+        """Tell the supervisor now of the claims settled so far, rather than with the next
+        message: for claims given back while the worker is busy, which another worker may
+        claim again before this one says anything."""
+
     def wait(self, timeout: float, woken: threading.Event) -> None:
         """Block until ``woken`` is set, ``interrupt()`` is called, or ``timeout`` passes."""
 
@@ -193,6 +198,12 @@ class SupervisedLeases:
         if settled:
             self.link.send("done", tokens=settled)
 
+    def report_settled(self) -> None:
+        settled = self._take_settled()
+        if settled and not self.link.send("done", tokens=settled):
+            with self._settled_lock:
+                self._settled.extend(settled)  # with the next message, then
+
     def refresh(self) -> None:
         """Apply whatever the supervisor sent and the inbox thread has not read yet."""
         self._drain()
@@ -283,6 +294,9 @@ class LocalLeases:
 
     def idle(self, since: float) -> None:
         pass
+
+    def report_settled(self) -> None:
+        pass  # its keeper is told of each settlement as it happens
 
     def wait(self, timeout: float, woken: threading.Event) -> None:
         woken.wait(timeout)

@@ -204,3 +204,25 @@ def test_a_running_row_without_a_lease_is_reaped_beside_expired_ones(conn):
     assert "no lease" in task_row(conn, "no-lease")["error_message"]
     assert task_row(conn, "live")["status"] == "RUNNING"
     assert store.reap_expired_leases(conn, batch_size=10, retry=NO_DELAY) == []
+
+
+def test_a_stale_claim_beside_the_live_one_in_one_statement_costs_the_live_one_nothing(conn):
+    """The supervisor renews every child's claims in one statement, and a child reports a
+    claim it gave back only with its next message: a task given back and claimed again sits
+    in one renewal twice, stale token first. The reload storm saw the live claim judged
+    lost (each token was looked up by the task's first place in the list) and its handler
+    cancelled and FAILED. Renewal, release and completion match each (id, token) pair."""
+    add_task(conn, "t1")
+    stale = claim(conn, "worker-a")
+    assert store.release_tasks(conn, [("t1", stale["lease_token"])]) == {"t1"}
+    live = claim(conn, "worker-b")
+    both = [claim_of(stale, "worker-a"), claim_of(live, "worker-b")]
+    assert store.renew_leases(conn, both, lease_seconds=60) == {live["lease_token"]}
+    assert store.release_tasks(conn, [("t1", stale["lease_token"]), ("t1", live["lease_token"])]
+                               ) == {"t1"}
+    again = claim(conn, "worker-b")
+    done = store.complete_tasks(conn, [claim_of(stale, "worker-b"), claim_of(again, "worker-b")],
+                                usage=[(1.0, 1), (2.5, 7)])
+    assert done == {again["lease_token"]}
+    row = task_row(conn, "t1")
+    assert (row["status"], row["cpu_seconds"], row["peak_rss_bytes"]) == ("COMPLETED", 2.5, 7)
