@@ -22,16 +22,17 @@ from supervisor import Client
 
 pytest_plugins = ["daemon"]
 
-# These storms found defects not fixed yet (issue 14, "Extend the fault suite"), so they run
-# only when asked for (PGTASKD_STORMS=1) until they pass:
-# - kill storm: a child killed between its claim's commit and its claim board's write leaves
-#   a whole batch the supervisor never heard of; the reaper fails it after the lease, charging
-#   tasks that never started (10 of a batch of 10 FAILED, max_retries 0);
-# - reload storm: lease_lost warnings while the lease settings flip (no duplicate run, none
-#   lost, all COMPLETED; cause not yet read);
-# - cancel storm: 3 runs at once of a type limited to 2 (before the slot repairs merged).
-pytestmark = pytest.mark.skipif(os.environ.get("PGTASKD_STORMS") != "1",
-                                reason="known defects, see the module's comment")
+# The cancel storm found a defect not fixed yet, so it runs only when asked for
+# (PGTASKD_STORMS=1): a cancel gives the task's slot back at once, while its handler runs
+# until its next is_cancelled() check, so the next task of the type can start a few
+# milliseconds before the cancelled one returns (3 at once under a limit of 2, overlaps of
+# about 3 ms seen). The slot should be held until the handler has stopped, then freed by the
+# child (or by the supervisor once it killed the child), within 1 s.
+# The kill storm found claims a child made and died before telling of (fixed: the
+# supervisor looks for them at its death), the reload storm a live claim judged lost beside
+# a stale one in one renewal (fixed: every claim statement matches (id, token) pairs).
+cancel_storm_gate = pytest.mark.skipif(os.environ.get("PGTASKD_STORMS") != "1",
+                                       reason="known defect, see the module's comment")
 
 STORM_TASKS = int(os.environ.get("PGTASKD_STORM_TASKS", "4000")) // 2
 PATIENCE = 300
@@ -155,6 +156,7 @@ def test_a_reload_storm_flipping_the_lease_during_a_batch_drain_runs_each_task_o
     assert not daemon.find("settle_failed") and not daemon.find("lease_lost")
 
 
+@cancel_storm_gate
 def test_a_cancel_storm_on_a_limited_type_never_exceeds_the_limit_nor_holds_a_slot(
         start_daemon, conn, db_dsn, tmp_path):
     log = tmp_path / "runs.log"
