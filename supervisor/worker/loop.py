@@ -215,7 +215,9 @@ class Worker(BatchRunning, ConcurrentRunning, Settling):
         reason = None
         if self.max_tasks is not None and self.tasks_run >= self.max_tasks:
             reason = f"ran {self.tasks_run} tasks (max_tasks_per_child)"
-        elif self.max_memory_bytes is not None:
+        elif self.max_memory_bytes is not None and self.tasks_run > 0:
+            # Not before its first task: a limit below a fresh child's own size would replace
+            # every child the moment it boots, forever.
             rss = current_rss_bytes()
             if rss is not None and rss > self.max_memory_bytes:
                 reason = (f"resident memory {rss / 1048576:.0f} MiB above "

@@ -134,3 +134,54 @@ def test_a_stop_lets_every_running_task_finish_and_a_cancel_reaches_its_own(
     assert d.wait_exit(20) == 0
     assert statuses(conn, names[1:]) == dict.fromkeys(names[1:], "COMPLETED")
     assert sorted(r["task_id"] for r in read_runs(log)) == names  # none ran twice
+
+
+def test_a_recycling_concurrent_child_stops_claiming_and_lets_its_running_tasks_finish(
+        start_daemon, conn, tmp_path):
+    """Recycling counts the tasks of every thread: 2 quick ones end the child's run of 2
+    while 2 others still run. The child claims no more, its running tasks finish in it, and
+    the fresh child runs the rest. max_retries 0: a task given back as charged, or cut off,
+    would show as FAILED."""
+    log, gate = tmp_path / "runs.log", tmp_path / "gate"
+    d = start_daemon(pools={"io": {"processes": 1, "concurrency": 4,
+                                     "max_tasks_per_child": 2}})
+    (first,) = d.children()
+    gated, quick, queued = ["g0", "g1"], ["k0", "k1"], ["q0", "q1", "q2"]
+    with conn.transaction():
+        for rank, name in enumerate(gated + quick + queued):
+            add_task(conn, name, "gated" if name[0] == "g" else "sleeps",
+                     {"log": str(log), "gate": str(gate), "seconds": 0},
+                     priority=100 - rank, max_retries=0)
+    wait_until(lambda: d.find("worker_recycling"), message="the child to decide to recycle")
+    assert {r["task_id"] for r in read_runs(log)} >= set(gated)
+    # It holds its running tasks and claims nothing more until they end.
+    assert statuses(conn, gated) == dict.fromkeys(gated, "RUNNING")
+    assert first in d.children()
+    gate.touch()
+    names = gated + quick + queued
+    wait_until(lambda: set(statuses(conn, names).values()) == {"COMPLETED"}, timeout=30,
+               message="every task to complete")
+    runs = read_runs(log)
+    assert sorted(r["task_id"] for r in runs) == sorted(names)  # each once
+    assert {r["pid"] for r in runs if r["task_id"] in gated} == {first}
+    events = d.events
+    decided = next(i for i, e in enumerate(events) if e["event"] == "worker_recycling")
+    assert not [e for e in events[decided:] if e["event"] == "task_claimed" and e["pid"] == first]
+    assert any(r["pid"] != first for r in runs)  # the fresh child ran what was left
+    assert not overlaps(runs)
+    exited = [e for e in d.find("worker_exited") if e["child_pid"] == first]
+    assert exited and exited[0]["stopping"] == "recycle" and exited[0]["exit"] == "exit code 0"
+
+
+def test_a_memory_limit_below_a_fresh_childs_size_recycles_after_a_task_not_at_boot(
+        start_daemon, conn, tmp_path):
+    """max_memory_mb 1 is below any Python child: it used to be replaced the moment it booted,
+    four times a second, and the daemon never became ready."""
+    log = tmp_path / "runs.log"
+    d = start_daemon(pools={"io": {"processes": 1, "concurrency": 4, "max_memory_mb": 1}})
+    (first,) = d.children()
+    add_task(conn, "t0", "sleeps", {"log": str(log), "seconds": 0}, max_retries=0)
+    wait_until(lambda: task_row(conn, "t0")["status"] == "COMPLETED", message="t0 to complete")
+    recycled = d.wait_for("worker_recycling", pid=first)
+    assert "max_memory_mb" in recycled["reason"]
+    assert len(d.find("worker_spawned")) <= 2
