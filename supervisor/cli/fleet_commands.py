@@ -121,7 +121,22 @@ def cmd_schedules(args, config: Config) -> int:
         for s in schedules:
             if s["conflict"]:
                 print(conflict_line(s))
+            if s["clock"]:
+                print(clock_line(s))
     return EXIT_OK
+
+
+def clock_line(schedule: dict) -> str:
+    """Under the table, one line per schedule enqueued through an instant the database's
+    clock has not reached."""
+    said = (f"enqueued through {human_time(schedule['through'])}, ahead of the database "
+            f"clock ({human_time(schedule['database_now'])})")
+    if schedule["clock"] == "waits":
+        said += ": it enqueues nothing until the clock passes that instant"
+    else:
+        said += (": too far ahead to wait for, the next pass starts it again at the clock "
+                 "(the row is taken as corrupt)")
+    return f"clock: schedule {schedule['name']}: {said}"
 
 
 def conflict_line(schedule: dict) -> str:

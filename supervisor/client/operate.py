@@ -13,6 +13,7 @@ from typing import Any
 from ..config import MAX_LIMIT, ScheduleConfig
 from ..db import queue_figures, schedule_states, store
 from ..scheduling.definitions import TAKEOVER_AFTER, definition_of
+from ..scheduling.passes import clock_behind
 from ..errors import OperationalError, UsageError, quote
 from ..task_fields import (MAX_PAUSED_BY_LENGTH, MAX_TASK_TYPE_LENGTH, check_int, check_label,
                            check_text)
@@ -241,15 +242,21 @@ class Operating:
 
         ``{"name", "cron", "timezone", "task_type", "catch_up", "next_run", "last_run",
         "last_task_id", "last_status", "definition", "recorded_definition", "conflict",
-        "disagreeing"}``: ``next_run`` is the first instant after the
-        database's clock as this config defines the schedule (None if it has none within 50
-        years); ``last_run`` the newest instant any daemon enqueued, ``last_task_id`` its
+        "disagreeing", "through", "database_now", "clock"}``: ``next_run`` is the first
+        instant after the database's clock as this config defines the schedule (None if it
+        has none within 50 years), or after ``through`` while the schedule waits for the
+        clock; ``last_run`` the newest instant any daemon enqueued, ``last_task_id`` its
         task and ``last_status`` that task's status (None once it was deleted); the last three
         are None for a schedule that never ran. ``definition`` is the hash of this config's
         definition, ``recorded_definition`` the one in force (None before any daemon ran
         it); ``conflict`` is true when they differ or when a daemon reported another
         definition lately (those daemons are ``disagreeing``): while it lasts, the daemons
-        whose definition is not the recorded one enqueue nothing for it.
+        whose definition is not the recorded one enqueue nothing for it. ``through`` is the
+        instant its state says it was enqueued through (None before its first pass, or where
+        no datetime holds it); ``clock`` is None, or, when ``through`` is ahead of
+        ``database_now`` (the clock went back, or the row was written by hand), ``waits``
+        (the daemons enqueue nothing until the clock passes it) or ``reanchors`` (too far
+        ahead: the next pass starts the schedule again at the clock).
         """
         if schedules is None:
             if self._config is None:
@@ -268,13 +275,20 @@ class Operating:
             definition = definition_of(schedule)
             recorded = run.get("recorded_definition")
             disagreeing = list(run.get("disagreeing") or [])
+            through = run.get("through")
+            # A state reached with another expression is not waited for: it starts afresh.
+            same = (run.get("cron"), run.get("timezone")) == (schedule.cron.expression,
+                                                             schedule.cron.timezone)
+            clock = clock_behind(schedule.cron, through, now) if same and through else None
             status.append({
                 "name": schedule.name, "cron": schedule.cron.expression,
                 "timezone": schedule.cron.timezone, "task_type": schedule.task_type,
-                "catch_up": schedule.catch_up, "next_run": schedule.cron.next_after(now),
+                "catch_up": schedule.catch_up,
+                "next_run": schedule.cron.next_after(through if clock == "waits" else now),
                 "last_run": run.get("last_enqueued"), "last_task_id": run.get("last_task_id"),
                 "last_status": run.get("last_status"), "definition": definition,
                 "recorded_definition": recorded,
                 "conflict": bool(recorded and recorded != definition or disagreeing),
-                "disagreeing": disagreeing})
+                "disagreeing": disagreeing, "through": through, "database_now": now,
+                "clock": clock})
         return status

@@ -1023,9 +1023,11 @@ WHERE name = ANY(%(names)s::text[]);
 -- name: save_schedule_states
 -- Record what a pass handled, in the transaction that inserted its tasks, on rows it holds
 -- locked. "through" only moves forward for the same cron and time zone (a late pass never
--- moves it back); a different expression replaces it, as a fresh start.
+-- moves it back); a different expression replaces it, as a fresh start, and so does a
+-- through the pass found too far ahead of the clock (v.reset: see scheduling/passes.py).
 UPDATE pgtaskd_schedule_state AS s SET
     through = CASE WHEN (s.cron, s.timezone) = (v.cron, v.timezone) AND isfinite(s.through)
+                        AND NOT v.reset
                    THEN greatest(s.through, v.through)
                    ELSE v.through END,
     definition = v.definition,
@@ -1038,8 +1040,9 @@ UPDATE pgtaskd_schedule_state AS s SET
     updated_at = %(now)s
 FROM unnest(%(names)s::text[], %(definitions)s::text[], %(crons)s::text[],
             %(timezones)s::text[], %(throughs)s::timestamptz[],
-            %(last_enqueued)s::timestamptz[], %(last_task_ids)s::text[])
-     AS v(name, definition, cron, timezone, through, last_enqueued, last_task_id)
+            %(last_enqueued)s::timestamptz[], %(last_task_ids)s::text[],
+            %(resets)s::boolean[])
+     AS v(name, definition, cron, timezone, through, last_enqueued, last_task_id, reset)
 WHERE s.name = v.name;
 
 -- name: report_schedule_definitions
@@ -1059,9 +1062,10 @@ WHERE name = ANY(%(names)s::text[]) AND seen_at < %(before)s;
 -- name: schedule_runs
 -- For `pgtaskd schedules`: the newest instant any daemon enqueued for each of these
 -- schedules, that task's status now (NULL once it was deleted), the definition in force,
--- and the daemons that reported another one within %(window)s seconds.
+-- the instant it was enqueued through (with the expression that reached it), and the daemons
+-- that reported another definition within %(window)s seconds.
 SELECT s.name, s.last_enqueued, s.last_task_id, t.status AS last_status,
-       s.definition AS recorded_definition,
+       s.definition AS recorded_definition, s.cron, s.timezone, s.through,
        ARRAY(SELECT d.daemon FROM pgtaskd_schedule_daemons AS d
               WHERE d.name = s.name AND d.definition IS DISTINCT FROM s.definition
                 AND d.seen_at > now() - make_interval(secs => %(window)s)

@@ -52,7 +52,7 @@ def schedule_reports(conn, names: Sequence[str]) -> dict[str, list[dict]]:
 
 def save_schedule_states(conn, states: Sequence[dict], now: datetime) -> None:
     """Update locked rows with {name, definition, cron, timezone, through, last_enqueued,
-    last_task_id}."""
+    last_task_id, reset}; ``through`` moves back only with ``reset``."""
     if not states:
         return
     _run(conn, "save_schedule_states", {
@@ -61,7 +61,8 @@ def save_schedule_states(conn, states: Sequence[dict], now: datetime) -> None:
         "crons": [s["cron"] for s in states], "timezones": [s["timezone"] for s in states],
         "throughs": [s["through"] for s in states],
         "last_enqueued": [s["last_enqueued"] for s in states],
-        "last_task_ids": [s["last_task_id"] for s in states]})
+        "last_task_ids": [s["last_task_id"] for s in states],
+        "resets": [bool(s.get("reset")) for s in states]})
 
 
 def report_definitions(conn, daemon: str, definitions: dict[str, str], now: datetime,
@@ -77,6 +78,7 @@ def report_definitions(conn, daemon: str, definitions: dict[str, str], now: date
 
 def schedule_runs(conn, names: Sequence[str], window_seconds: float) -> dict[str, dict]:
     """Schedule name -> {last_enqueued, last_task_id, last_status, recorded_definition,
-    disagreeing (daemons that reported another definition within the window)}."""
+    cron, timezone, through, disagreeing (daemons that reported another definition within
+    the window)}."""
     rows = _rows(conn, "schedule_runs", {"names": list(names), "window": window_seconds})
     return {row["name"]: row for row in rows}

@@ -30,7 +30,7 @@ from ..config import ScheduleConfig
 from ..db import schedule_states, store
 from ..logs import emit
 from ..scheduling.definitions import Report, Verdict, decide, definition_of
-from ..scheduling.passes import Plan, ScheduleState, next_instant, plan_pass
+from ..scheduling.passes import CLOCK_TOLERANCE, Plan, ScheduleState, next_instant, plan_pass
 from .service import PeriodicService
 
 # The longest sleep between passes, whatever the schedules: a pass costs a few statements,
@@ -64,6 +64,9 @@ class Scheduler(PeriodicService):
         self._known: set[str] = set()
         # Schedule name -> the disagreement last logged, so each is logged once.
         self._conflicts: dict[str, tuple] = {}
+        # Schedule name -> the saved through found ahead of the clock, logged once until the
+        # clock reaches it.
+        self._ahead: dict[str, datetime] = {}
         self.max_payload_bytes = max_payload_bytes
         self.on_enqueued = on_enqueued or (lambda name, count: None)
         self._wait = 0.0
@@ -138,7 +141,7 @@ class Scheduler(PeriodicService):
             MAX_WAIT, max(0.0, (upcoming - now).total_seconds()) + WAKE_LATE)
         created = [task_id for task_id in ids if task_id.created]
         self.report_definitions(schedules, verdicts, rows, mine)
-        self.report(plans, set(created))
+        self.report(plans, set(created), now)
         return created
 
     def _create_states(self, new: list[ScheduleConfig], mine: dict[str, str],
@@ -211,10 +214,12 @@ class Scheduler(PeriodicService):
                          "this daemon enqueues nothing for it until its definition matches "
                          "the recorded one (make the configs agree)"))
 
-    def report(self, plans: list[Plan], created: set[str]) -> None:
-        """Log what changed: a start, missed instants, each task this daemon created."""
+    def report(self, plans: list[Plan], created: set[str], now: datetime) -> None:
+        """Log what changed: a start, missed instants, each task this daemon created, a
+        through ahead of the clock."""
         for plan in plans:
             name = plan.schedule.name
+            self._report_clock(plan, now)
             if plan.started:
                 emit("schedule_started", schedule=name, cron=plan.schedule.cron.expression,
                      timezone=plan.schedule.cron.timezone,
@@ -230,6 +235,29 @@ class Scheduler(PeriodicService):
                      task_type=plan.schedule.task_type, instant=_iso(instant))
             if mine:
                 self.on_enqueued(name, len(mine))
+
+    def _report_clock(self, plan: Plan, now: datetime) -> None:
+        name = plan.schedule.name
+        if plan.reanchored is not None:
+            emit("schedule_reanchored", logging.WARNING, schedule=name,
+                 through=_iso(plan.reanchored), database_now=_iso(now),
+                 ahead_seconds=round((plan.reanchored - now).total_seconds(), 3),
+                 action="the saved through is more than one period of the cron plus "
+                        f"{_minutes(CLOCK_TOLERANCE)} ahead of the database clock, so it is "
+                        "taken as corrupt: the schedule starts again at the database clock, "
+                        f"its next instant is {_iso(plan.schedule.cron.next_after(now))}")
+        if plan.ahead is not None:
+            if self._ahead.get(name) != plan.ahead:
+                self._ahead[name] = plan.ahead
+                emit("schedule_ahead_of_clock", logging.WARNING, schedule=name,
+                     through=_iso(plan.ahead), database_now=_iso(now),
+                     ahead_seconds=round((plan.ahead - now).total_seconds(), 3),
+                     action="the database clock is behind the instant this schedule was "
+                            "enqueued through (it went back, or the row was written by "
+                            "hand): the schedule waits, enqueueing nothing until the clock "
+                            "passes it; the instants up to it were enqueued already")
+        elif self._ahead.pop(name, None) is not None:
+            emit("schedule_clock_caught_up", schedule=name, database_now=_iso(now))
 
 
 def warn_unhandled(schedules: Sequence[ScheduleConfig], handled_types: frozenset[str]) -> None:
@@ -256,7 +284,12 @@ def _row(plan: Plan, definition: str) -> dict:
             "cron": state.cron, "timezone": state.timezone,
             "through": state.through, "last_enqueued": state.last_enqueued,
             "last_task_id": (plan.schedule.task_id(state.last_enqueued)
-                             if state.last_enqueued else None)}
+                             if state.last_enqueued else None),
+            "reset": plan.reanchored is not None}
+
+
+def _minutes(duration: timedelta) -> str:
+    return f"{duration.total_seconds() / 60:g} min"
 
 
 def _iso(instant: datetime | None) -> str | None:

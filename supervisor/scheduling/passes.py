@@ -20,6 +20,13 @@ schedule seen for the first time, or whose cron or time zone differ from the one
 was written with, starts afresh at the pass's ``now``: its first instant is the first one
 after that (the state row's creation, for a new schedule), never one from before it existed,
 and a changed schedule never catches up on instants of an expression that was not in force.
+
+A ``through`` ahead of ``now`` means the database's clock went back after a pass (or someone
+wrote the row): the instants up to ``through`` were enqueued already. Within one period of
+the cron plus CLOCK_TOLERANCE, the pass waits for the clock to get there, which at most
+passes over one instant that ran already. Further ahead, waiting would silence the schedule
+for longer than it ever rests, for a value no pass could have written on this clock: the row
+is taken as corrupt and the schedule starts again at ``now``, as a new one does.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ ON_TIME_GRACE = timedelta(seconds=10)
 # Datetimes count microseconds: an instant exactly ON_TIME_GRACE old is on time, and
 # cron.newest() takes instants strictly after its start.
 _TICK = timedelta(microseconds=1)
+# How far the database's clock may go back (a correction, a failover to a host whose clock is
+# behind) before a saved through is no longer waited for, on top of one period of the cron.
+CLOCK_TOLERANCE = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,11 @@ class Plan:
     """How many of the missed instants are among ``instants``."""
     save: bool
     """The state must be written: a new start, or ``through`` moved."""
+    ahead: datetime | None = None
+    """The saved through, when it is ahead of ``now`` and the pass waits for the clock."""
+    reanchored: datetime | None = None
+    """The saved through, when it was too far ahead of ``now`` to wait for: ``through`` is
+    ``now`` instead, moved back."""
 
     def tasks(self) -> list[dict[str, Any]]:
         """The instants as ``Client.submit_many`` arguments: each task is due at its instant."""
@@ -91,6 +106,12 @@ def plan_pass(schedule: ScheduleConfig, state: ScheduleState | None, now: dateti
     cron = schedule.cron
     started = state is None or (state.cron, state.timezone) != (cron.expression, cron.timezone)
     through = now if started else state.through
+    ahead = reanchored = None
+    if through > now:
+        if clock_behind(cron, through, now) == "waits":
+            ahead = through
+        else:
+            reanchored, through = through, now
     cutoff = now - grace - _TICK  # the newest instant that is missed
     on_time = cron.newest(max(through, cutoff), now)
     missed = cron.newest(through, cutoff, _needed(schedule)) if through < cutoff else []
@@ -104,7 +125,20 @@ def plan_pass(schedule: ScheduleConfig, state: ScheduleState | None, now: dateti
     new_through = window[-1] if window else through
     return Plan(schedule=schedule, instants=tuple(kept + on_time), through=new_through,
                 started=started, missed=len(missed), caught_up=len(kept),
-                save=started or new_through != through)
+                save=started or reanchored is not None or new_through != through,
+                ahead=ahead, reanchored=reanchored)
+
+
+def clock_behind(cron, through: datetime, now: datetime) -> str | None:
+    """What a pass at ``now`` does with a saved ``through``: None if it is not ahead,
+    ``waits`` while it is within one period of the cron (between its next two instants) plus
+    CLOCK_TOLERANCE, ``reanchors`` (starts again at now) if it is further."""
+    if through <= now:
+        return None
+    first = cron.next_after(now)
+    second = cron.next_after(first) if first is not None else None
+    period = second - first if second is not None else timedelta(0)
+    return "waits" if through - now <= period + CLOCK_TOLERANCE else "reanchors"
 
 
 def _needed(schedule: ScheduleConfig) -> int:

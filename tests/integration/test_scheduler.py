@@ -227,6 +227,41 @@ def test_no_value_in_the_shared_rows_stops_a_pass(db_dsn, conn, scheduler):
         "schedule:one:2026-01-01T11:00:00Z", "schedule:two:2026-01-01T11:00:00Z"]
 
 
+def test_a_through_ahead_of_the_database_clock_is_waited_for_or_reset_and_said_once(
+        db_dsn, conn, scheduler, events):
+    """The clock went back 40 minutes after an hourly schedule's 11:00 pass: it waits for
+    the clock, saying so once. Another's through was set to the year 9999 by plain SQL: it
+    starts again at the clock, saying so."""
+    hourly, far = schedules(db_dsn, hourly={"cron": "0 * * * *", "task_type": "echo"},
+                            far={"cron": "0 * * * *", "task_type": "echo"})
+    service = scheduler(hourly, far)
+    service.run_once(now=at("2026-01-01T09:30:00"))
+    conn.execute("UPDATE pgtaskd_schedule_state SET through = CASE name "
+                 "WHEN 'hourly' THEN '2026-01-01T11:00:00Z'::timestamptz "
+                 "ELSE '9999-12-31T00:00:00Z' END")
+
+    assert service.run_once(now=at("2026-01-01T10:20:00")) == []
+    assert service.run_once(now=at("2026-01-01T10:50:00")) == []
+
+    (ahead,) = events.of("schedule_ahead_of_clock")
+    assert (ahead["schedule"], ahead["through"], ahead["database_now"]) == (
+        "hourly", "2026-01-01T11:00:00+00:00", "2026-01-01T10:20:00+00:00")
+    assert "waits" in ahead["action"]
+    (reset,) = events.of("schedule_reanchored")
+    assert (reset["schedule"], reset["through"], reset["database_now"]) == (
+        "far", "9999-12-31T00:00:00+00:00", "2026-01-01T10:20:00+00:00")
+    assert state_of(conn, "far")["through"] == at("2026-01-01T10:20:00")
+    assert state_of(conn, "hourly")["through"] == at("2026-01-01T11:00:00")
+
+    # 11:00 was enqueued before the clock went back: hourly's next task is 12:00's.
+    assert service.run_once(now=at("2026-01-01T11:00:00.2")) == [
+        "schedule:far:2026-01-01T11:00:00Z"]
+    assert events.of("schedule_clock_caught_up")[0]["schedule"] == "hourly"
+    assert service.run_once(now=at("2026-01-01T12:00:00.2")) == [
+        "schedule:far:2026-01-01T12:00:00Z", "schedule:hourly:2026-01-01T12:00:00Z"]
+    assert len(events.of("schedule_ahead_of_clock")) == 1
+
+
 @pytest.mark.parametrize("policy, expected", [
     ("latest", ["15:00"]),
     ("all", ["11:00", "12:00", "13:00", "14:00", "15:00"]),
@@ -384,13 +419,15 @@ def test_schedule_status_says_when_each_ran_and_runs_next(db_dsn, conn, schedule
     with Client(db_dsn) as client:
         status = {s["name"]: s for s in client.schedule_status([daily, hourly, never])}
 
+    assert status["hourly"].pop("database_now") >= now
     assert status["hourly"] == {
         "name": "hourly", "cron": "0 * * * *", "timezone": "Europe/Paris",
         "task_type": "record", "catch_up": "latest",
         "next_run": last_hour + timedelta(hours=1), "last_run": last_hour,
         "last_task_id": f"schedule:hourly:{last_hour:%Y-%m-%dT%H:%M:%SZ}",
         "last_status": "COMPLETED", "definition": definition_of(hourly),
-        "recorded_definition": definition_of(hourly), "conflict": False, "disagreeing": []}
+        "recorded_definition": definition_of(hourly), "conflict": False, "disagreeing": [],
+        "through": last_hour, "clock": None}
     assert status["never"]["last_run"] is None and status["never"]["last_status"] is None
     assert status["never"]["next_run"].month == 1 and status["never"]["next_run"].day == 1
     with Client(db_dsn) as client, pytest.raises(UsageError, match="from_config"):

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from supervisor import Client
@@ -87,6 +88,38 @@ def test_schedules_lists_each_schedule_with_its_next_run(tmp_path, shared_dsn, s
     # 02:30 in New York is 06:30 or 07:30 UTC, or 07:00 on the spring-forward night.
     assert datetime.fromisoformat(listed[1]["next_run"]).strftime("%H:%M") in (
         "06:30", "07:30", "07:00")
+
+
+def test_schedules_says_which_wait_for_the_database_clock(tmp_path, db_dsn):
+    """State rows written by plain SQL: one enqueued through 40 minutes from now (hourly,
+    so it waits for the clock), one through the year 9999 (the next pass starts it again),
+    one through a time no datetime holds."""
+    config = write_config(tmp_path, db_dsn, schedules={
+        name: {"cron": "0 * * * *", "task_type": "echo"} for name in ("far", "soon", "weird")})
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO pgtaskd_schedule_state (name, cron, timezone, through) "
+                     "VALUES ('soon', '0 * * * *', 'UTC', now() + interval '40 minutes'), "
+                     "('far', '0 * * * *', 'UTC', '9999-12-31T00:00:00Z'), "
+                     "('weird', '0 * * * *', 'UTC', '294276-01-01T00:00:00Z')")
+        soon = conn.execute("SELECT through FROM pgtaskd_schedule_state "
+                            "WHERE name = 'soon'").fetchone()[0]
+    result = pgtaskd("schedules", "-c", config, dsn=None)
+    assert result.returncode == 0, result.stderr
+    clock = [line for line in result.stdout.splitlines() if line.startswith("clock:")]
+    assert len(clock) == 2
+    assert clock[0].startswith("clock: schedule far: enqueued through 9999-12-31T00:00:00Z, "
+                               "ahead of the database clock (")
+    assert "starts it again at the clock" in clock[0]
+    assert clock[1].startswith(f"clock: schedule soon: enqueued through "
+                               f"{soon.astimezone(timezone.utc):%Y-%m-%dT%H:%M:%S}Z")
+    assert "enqueues nothing until the clock passes that instant" in clock[1]
+
+    listed = {s["name"]: s for s in json.loads(
+        pgtaskd("schedules", "-c", config, "--json", dsn=None).stdout)}
+    assert [listed[n]["clock"] for n in ("far", "soon", "weird")] == ["reanchors", "waits", None]
+    # Waiting, soon's next run is the first instant after the one it was enqueued through.
+    next_run = datetime.fromisoformat(listed["soon"]["next_run"])
+    assert next_run > soon and next_run.minute == 0 and next_run - soon <= timedelta(hours=1)
 
 
 def test_schedules_without_any_says_so(tmp_path, shared_dsn):

@@ -9,7 +9,8 @@ import pytest
 
 from supervisor.config import ScheduleConfig
 from supervisor.scheduling.cron import Cron
-from supervisor.scheduling.passes import ON_TIME_GRACE, ScheduleState, next_instant, plan_pass
+from supervisor.scheduling.passes import (CLOCK_TOLERANCE, ON_TIME_GRACE, ScheduleState,
+                                         next_instant, plan_pass)
 
 UTC = timezone.utc
 HOUR = timedelta(hours=1)
@@ -172,6 +173,42 @@ class TestFreshStart:
         new = schedule(catch_up="all", payload={"v": 2})
         plan = plan_pass(new, state(old, at("2026-01-01T10:00:00")), at("2026-01-01T12:30:00"))
         assert not plan.started and hours(plan) == ["01 11:00:00", "01 12:00:00"]
+
+
+class TestThroughAheadOfTheClock:
+    """The saved through is ahead of the database's clock: the clock was set back after a
+    pass, or the row was written by plain SQL."""
+
+    def test_within_a_period_and_the_tolerance_the_pass_waits_for_the_clock(self):
+        s = schedule("0 * * * *", catch_up="all")
+        saved = at("2026-01-01T11:00:00")
+        # The clock went back 65 minutes: one period of the cron plus the tolerance.
+        now = saved - HOUR - CLOCK_TOLERANCE
+        plan = plan_pass(s, state(s, saved), now)
+        assert (plan.instants, plan.through, plan.save, plan.ahead, plan.reanchored) == (
+            (), saved, False, saved, None)
+        # 11:00 was enqueued before the clock went back: it is not again; 12:00 is.
+        plan = plan_pass(s, state(s, saved), at("2026-01-01T11:00:00"))
+        assert (plan.instants, plan.ahead) == ((), None)
+        assert hours(plan_pass(s, state(s, saved), at("2026-01-01T12:00:00"))) == ["01 12:00:00"]
+
+    @pytest.mark.parametrize("saved", [at("2026-01-01T11:05:01"), datetime.max.replace(
+        tzinfo=UTC)])
+    def test_further_ahead_it_is_taken_as_corrupt_and_starts_again_at_now(self, saved):
+        s = schedule("0 * * * *", catch_up="all")
+        now = at("2026-01-01T10:00:00")
+        plan = plan_pass(s, state(s, saved), now)
+        assert (plan.instants, plan.through, plan.save, plan.ahead, plan.reanchored) == (
+            (), now, True, None, saved)
+        assert not plan.started
+        assert hours(plan_pass(s, plan.state(), at("2026-01-01T11:00:00"))) == ["01 11:00:00"]
+
+    def test_the_tolerance_is_the_floor_for_a_schedule_every_second(self):
+        s = schedule("* * * * * *")
+        now = at("2026-01-01T10:00:00")
+        assert plan_pass(s, state(s, now + CLOCK_TOLERANCE), now).ahead == now + CLOCK_TOLERANCE
+        late = now + CLOCK_TOLERANCE + 2 * timedelta(seconds=1)
+        assert plan_pass(s, state(s, late), now).reanchored == late
 
 
 class TestDaylightSaving:
