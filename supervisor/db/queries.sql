@@ -82,7 +82,7 @@ levels(priority) AS (
     FROM wanted
     CROSS JOIN LATERAL (
         SELECT t.priority FROM tasks AS t
-        WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
+        WHERE t.status = 'PENDING' AND t.staged AND t.task_type = wanted.task_type
         ORDER BY t.priority DESC
         LIMIT 1) AS top
   UNION ALL
@@ -90,7 +90,7 @@ levels(priority) AS (
             FROM wanted
             CROSS JOIN LATERAL (
                 SELECT t.priority FROM tasks AS t
-                WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
+                WHERE t.status = 'PENDING' AND t.staged AND t.task_type = wanted.task_type
                   AND t.priority < levels.priority
                 ORDER BY t.priority DESC
                 LIMIT 1) AS top)
@@ -105,14 +105,17 @@ pending AS (
         FROM wanted
         CROSS JOIN LATERAL (
             SELECT t.id, t.scheduled_time, t.created_at FROM tasks AS t
-            WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
-              AND t.priority = levels.priority AND t.scheduled_time <= now()
+            WHERE t.status = 'PENDING' AND t.staged AND t.task_type = wanted.task_type
+              AND t.priority = levels.priority
             ORDER BY t.scheduled_time, t.created_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED) AS level_rows
         ORDER BY level_rows.scheduled_time, level_rows.created_at
         LIMIT %(limit)s) AS due
-    WHERE levels.priority IS NOT NULL
+    -- A staged row may be up to the staging lead early. Checked here, after each level's
+    -- rows were read in time order (its due ones first), not in the index probe: a due time
+    -- there lets the generic plan read every due row through the due index instead.
+    WHERE levels.priority IS NOT NULL AND due.scheduled_time <= now()
     LIMIT %(limit)s
 ),
 expired AS (
@@ -154,6 +157,20 @@ claimed AS (
     WHERE t.id = ANY(ARRAY(SELECT id FROM chosen))
     RETURNING t.*
 ),
+to_stage AS (
+    SELECT t.id FROM tasks AS t
+    WHERE t.status = 'PENDING' AND NOT t.staged
+      AND t.scheduled_time <= now() + pgtaskd_staging_lead()
+    ORDER BY t.scheduled_time
+    LIMIT 500
+    FOR UPDATE SKIP LOCKED
+),
+staged_now AS (
+    UPDATE tasks AS t SET staged = true
+    FROM to_stage
+    WHERE t.id = to_stage.id
+    RETURNING t.task_type, t.scheduled_time <= now() AS due
+),
 given_back AS (
     UPDATE task_type_slots AS s
     SET task_id = NULL, lease_token = NULL, lease_until = NULL
@@ -165,20 +182,26 @@ SELECT TRUE AS completed, NULL::text AS id, NULL::text AS name, NULL::text AS ta
        NULL::text AS payload, NULL::integer AS priority, NULL::integer AS retry_count,
        NULL::integer AS max_retries, NULL::integer AS attempts, done.lease_token,
        NULL::timestamptz AS scheduled_time, NULL::timestamptz AS created_at,
-       NULL::bigint AS position
+       NULL::bigint AS position, NULL::text AS signal
 FROM done
 UNION ALL
 SELECT FALSE, c.id, c.name, c.task_type, c.payload::text, c.priority, c.retry_count,
        c.max_retries, c.attempts, c.lease_token,
        CASE WHEN isfinite(c.scheduled_time) THEN c.scheduled_time END,
        CASE WHEN isfinite(c.created_at) THEN c.created_at END,
-       row_number() OVER (ORDER BY c.priority DESC, c.scheduled_time, c.created_at)
+       row_number() OVER (ORDER BY c.priority DESC, c.scheduled_time, c.created_at), NULL
 FROM claimed AS c
 UNION ALL
 -- One row more when a limit binds one of the worker's unpaused types: store.py then uses
 -- complete_and_claim_limited from the next claim on (and in this one's place).
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type));
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'limited'
+WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type))
+UNION ALL
+-- One row more when this statement staged due tasks of the worker's unpaused types: they
+-- became claimable only as it ended, so a worker that claimed less than it asked for asks
+-- again.
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'staged'
+WHERE EXISTS (SELECT 1 FROM staged_now JOIN unpaused USING (task_type) WHERE staged_now.due);
 
 -- name: complete_and_claim_limited
 -- complete_and_claim with global concurrency limits (migration 0007), for a worker one of
@@ -255,7 +278,7 @@ levels(priority) AS (
     FROM wanted
     CROSS JOIN LATERAL (
         SELECT t.priority FROM tasks AS t
-        WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
+        WHERE t.status = 'PENDING' AND t.staged AND t.task_type = wanted.task_type
         ORDER BY t.priority DESC
         LIMIT 1) AS top
   UNION ALL
@@ -263,7 +286,7 @@ levels(priority) AS (
             FROM wanted
             CROSS JOIN LATERAL (
                 SELECT t.priority FROM tasks AS t
-                WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
+                WHERE t.status = 'PENDING' AND t.staged AND t.task_type = wanted.task_type
                   AND t.priority < levels.priority
                 ORDER BY t.priority DESC
                 LIMIT 1) AS top)
@@ -278,14 +301,17 @@ pending AS (
         FROM wanted
         CROSS JOIN LATERAL (
             SELECT t.id, t.scheduled_time, t.created_at FROM tasks AS t
-            WHERE t.status = 'PENDING' AND t.task_type = wanted.task_type
-              AND t.priority = levels.priority AND t.scheduled_time <= now()
+            WHERE t.status = 'PENDING' AND t.staged AND t.task_type = wanted.task_type
+              AND t.priority = levels.priority
             ORDER BY t.scheduled_time, t.created_at
             LIMIT least(%(limit)s, wanted.cap)
             FOR UPDATE SKIP LOCKED) AS level_rows
         ORDER BY level_rows.scheduled_time, level_rows.created_at
         LIMIT %(limit)s) AS due
-    WHERE levels.priority IS NOT NULL
+    -- A staged row may be up to the staging lead early. Checked here, after each level's
+    -- rows were read in time order (its due ones first), not in the index probe: a due time
+    -- there lets the generic plan read every due row through the due index instead.
+    WHERE levels.priority IS NOT NULL AND due.scheduled_time <= now()
     LIMIT %(limit)s
 ),
 expired AS (
@@ -344,6 +370,20 @@ claimed AS (
     WHERE t.id = ANY(ARRAY(SELECT id FROM chosen))
     RETURNING t.*
 ),
+to_stage AS (
+    SELECT t.id FROM tasks AS t
+    WHERE t.status = 'PENDING' AND NOT t.staged
+      AND t.scheduled_time <= now() + pgtaskd_staging_lead()
+    ORDER BY t.scheduled_time
+    LIMIT 500
+    FOR UPDATE SKIP LOCKED
+),
+staged_now AS (
+    UPDATE tasks AS t SET staged = true
+    FROM to_stage
+    WHERE t.id = to_stage.id
+    RETURNING t.task_type, t.scheduled_time <= now() AS due
+),
 taken AS (
     UPDATE task_type_slots AS s
     SET task_id = c.id, lease_token = c.lease_token, lease_until = c.lease_until
@@ -363,20 +403,26 @@ SELECT TRUE AS completed, NULL::text AS id, NULL::text AS name, NULL::text AS ta
        NULL::text AS payload, NULL::integer AS priority, NULL::integer AS retry_count,
        NULL::integer AS max_retries, NULL::integer AS attempts, done.lease_token,
        NULL::timestamptz AS scheduled_time, NULL::timestamptz AS created_at,
-       NULL::bigint AS position
+       NULL::bigint AS position, NULL::text AS signal
 FROM done
 UNION ALL
 SELECT FALSE, c.id, c.name, c.task_type, c.payload::text, c.priority, c.retry_count,
        c.max_retries, c.attempts, c.lease_token,
        CASE WHEN isfinite(c.scheduled_time) THEN c.scheduled_time END,
        CASE WHEN isfinite(c.created_at) THEN c.created_at END,
-       row_number() OVER (ORDER BY c.priority DESC, c.scheduled_time, c.created_at)
+       row_number() OVER (ORDER BY c.priority DESC, c.scheduled_time, c.created_at), NULL
 FROM claimed AS c
 UNION ALL
 -- One row more when a limit binds one of the worker's unpaused types: store.py then uses
 -- complete_and_claim_limited from the next claim on (and this one's leftover places).
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type));
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'limited'
+WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type))
+UNION ALL
+-- One row more when this statement staged due tasks of the worker's unpaused types: they
+-- became claimable only as it ended, so a worker that claimed less than it asked for asks
+-- again.
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'staged'
+WHERE EXISTS (SELECT 1 FROM staged_now JOIN unpaused USING (task_type) WHERE staged_now.due);
 
 -- name: renew_leases
 -- One statement renews every lease a daemon's children hold. Each row is conditioned on its
@@ -951,12 +997,14 @@ FROM resumed
 CROSS JOIN LATERAL (SELECT pgtaskd_wake_type(resumed.task_type) AS due) AS woken;
 
 -- name: list_pauses
--- The paused task types, each with how many of its tasks are due (and so wait for a resume).
+-- The paused task types, each with how many of its tasks are due (and so wait for a resume),
+-- counted through the claim index (staged ones: any claim stages every type's).
 -- Each count stops at cap + 1 (the caller says "more than cap"): a paused type may hold a
 -- backlog of millions, and stats lists every pause.
 SELECT p.task_type, p.paused_at, p.paused_by,
        (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
-                               WHERE t.status = 'PENDING' AND t.task_type = p.task_type
+                               WHERE t.status = 'PENDING' AND t.staged
+                                 AND t.task_type = p.task_type
                                  AND t.scheduled_time <= now()
                                LIMIT %(cap)s + 1) AS due) AS due_pending
 FROM task_type_pauses AS p

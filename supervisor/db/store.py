@@ -80,26 +80,31 @@ def complete_and_claim(conn, completions: Sequence[Claim], *, worker_id: str,
         "done_cpu": [u[0] for u in usage], "done_rss": [u[1] for u in usage],
         "task_types": task_types, "lease_seconds": lease_seconds, "limit": limit}
     limited = _LIMITED.get(conn, True)
-    landed, claimed, limits_bind = _complete_and_claim(conn, limited, params)
+    landed, claimed, signals = _complete_and_claim(conn, limited, params)
+    limits_bind = "limited" in signals
     # An answer to no types (a completion written alone) says nothing about limits: keeping
     # it would send the next claim through the plain statement (issue 14.6).
     if task_types:
         _LIMITED[conn] = limits_bind
-    if limits_bind and not limited and len(claimed) < limit:
-        _, more, _ = _complete_and_claim(conn, True, {
+    # Asked again, once, when the claim came up short and either a limit binds that the
+    # plain statement may not claim under, or it staged tasks of these types (they became
+    # claimable only as it ended: a worker woken for a task whose time came would otherwise
+    # wait a poll for it).
+    if len(claimed) < limit and ((limits_bind and not limited) or "staged" in signals):
+        _, more, _ = _complete_and_claim(conn, limits_bind, {
             **params, "done_ids": [], "done_tokens": [], "done_cpu": [], "done_rss": [],
             "limit": limit - len(claimed)})
         claimed += more
     return landed, claimed
 
 
-def _complete_and_claim(conn, limited: bool, params: dict) -> tuple[set[int], list[dict], bool]:
+def _complete_and_claim(conn, limited: bool, params: dict) -> tuple[set[int], list[dict], set]:
     rows = _all(conn, "complete_and_claim_limited" if limited else "complete_and_claim", params,
                 times=TimeOrNone)
     landed = {row["lease_token"] for row in rows if row["completed"]}
     claimed = sorted((row for row in rows if row["completed"] is False),
                      key=lambda r: r["position"])
-    return landed, claimed, any(row["completed"] is None for row in rows)
+    return landed, claimed, {row["signal"] for row in rows if row["completed"] is None}
 
 
 def claim_tasks(conn, *, worker_id: str, task_types: Iterable[str], lease_seconds: float,
