@@ -57,6 +57,13 @@ def _as_json(tasks: list[NewTask]) -> str:
         for t in tasks) + "]"
 
 
+def encoded_size(task: NewTask) -> int:
+    """The bytes of a submit_tasks statement's JSON for this task alone: tasks sent together
+    take at most the sum of theirs. What a caller that cuts many tasks into statements counts
+    (the scheduler's catch-up)."""
+    return len(_as_json([task]).encode())
+
+
 class Submitting:
     """The client's submit calls; ``ClientConnection`` provides the connection."""
 

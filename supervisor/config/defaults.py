@@ -75,7 +75,8 @@ MAX_METRICS_CONNECTIONS = 512
 CATCH_UP_POLICIES = ("all", "latest", "skip")
 DEFAULT_CATCH_UP = "latest"
 DEFAULT_MAX_CATCH_UP = 100
-# A catch-up enqueues its tasks in one statement; past this many, a schedule is a backfill,
-# which is a job for submit_many.
+# A catch-up enqueues its tasks in one transaction (in statements of bounded size: see
+# maintenance/scheduler.py); past this many, a schedule is a backfill, which is a job for
+# submit_many.
 MAX_CATCH_UP_LIMIT = 10_000
 DEFAULT_SCHEDULE_TIMEZONE = "UTC"

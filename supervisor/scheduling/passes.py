@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from ..config import ScheduleConfig
 
@@ -85,13 +85,16 @@ class Plan:
     """The saved through, when it was too far ahead of ``now`` to wait for: ``through`` is
     ``now`` instead, moved back."""
 
-    def tasks(self) -> list[dict[str, Any]]:
-        """The instants as ``Client.submit_many`` arguments: each task is due at its instant."""
+    def tasks(self) -> Iterator[dict[str, Any]]:
+        """The instants as ``Client.submit_many`` arguments, oldest first: each task is due at
+        its instant. Made one at a time, as the scheduler sends them: a catch-up may have
+        thousands."""
         schedule = self.schedule
-        return [{"task_type": schedule.task_type, "payload": schedule.payload,
-                 "priority": schedule.priority, "max_retries": schedule.max_retries,
-                 "name": schedule.name, "task_id": schedule.task_id(instant),
-                 "run_at": instant} for instant in self.instants]
+        for instant in self.instants:
+            yield {"task_type": schedule.task_type, "payload": schedule.payload,
+                   "priority": schedule.priority, "max_retries": schedule.max_retries,
+                   "name": schedule.name, "task_id": schedule.task_id(instant),
+                   "run_at": instant}
 
     def state(self) -> ScheduleState:
         """The state to write once the tasks are in."""

@@ -8,6 +8,7 @@ schedule through hours or years in milliseconds; one test runs the thread in rea
 from __future__ import annotations
 
 import threading
+import tracemalloc
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -15,8 +16,8 @@ import pytest
 from conftest import make_config, wait_until
 from supervisor import Client
 from supervisor.db import schedule_states, store
-from supervisor.errors import UsageError
-from supervisor.maintenance.scheduler import Scheduler
+from supervisor.errors import OperationalError, UsageError
+from supervisor.maintenance.scheduler import MAX_INSERT_BYTES, MAX_INSERT_TASKS, Scheduler
 from supervisor.scheduling.definitions import TAKEOVER_AFTER, definition_of
 from supervisor.scheduling.passes import ON_TIME_GRACE
 
@@ -298,6 +299,61 @@ def test_all_catches_up_at_most_max_catch_up_of_a_long_outage(db_dsn, conn, sche
     assert len(ids) == 5 + ON_TIME_GRACE.total_seconds() + 1
     assert ids[0] == "schedule:tick:2026-12-31T23:59:45Z"
     assert ids[-1] == "schedule:tick:2027-01-01T00:00:00Z"
+
+
+def test_a_catch_up_of_ten_thousand_large_tasks_goes_in_bounded_statements_all_or_none(
+        db_dsn, conn, scheduler, monkeypatch):
+    """10,000 missed instants of a 20 KB payload: the pass inserts them in statements of
+    bounded count and size, so its memory peak is a few such statements, not the whole
+    catch-up (one statement of 200 MB of JSON peaked at 585 MiB here), and it keeps nothing
+    after. The statements share the pass's transaction: a pass whose connection dies after
+    some of them leaves nothing, and the next one inserts every instant, each once."""
+    (bulk,) = schedules(db_dsn, bulk={"cron": "* * * * * *", "task_type": "echo",
+                                      "payload": {"blob": "x" * 20_000}, "catch_up": "all",
+                                      "max_catch_up": 10_000})
+    service = scheduler(bulk)
+    start, now = at("2026-01-01T00:00:00"), at("2026-01-01T06:00:00")
+    service.run_once(now=start)
+    statements: list[tuple[int, int]] = []  # (tasks, bytes) of each insert
+    cut_before = 3
+    submit_tasks = store.submit_tasks
+
+    def recording(scheduler_conn, tasks_json):
+        if len(statements) == cut_before:  # the daemon dies mid-catch-up
+            conn.execute("SELECT pg_terminate_backend(%s)", (scheduler_conn.info.backend_pid,))
+        statements.append((tasks_json.count('"task_type":'), len(tasks_json.encode())))
+        return submit_tasks(scheduler_conn, tasks_json)
+
+    monkeypatch.setattr(store, "submit_tasks", recording)
+    with pytest.raises(OperationalError, match="lost the connection"):
+        service.run_once(now=now)
+    assert scheduled(conn, "bulk") == {} and state_of(conn, "bulk")["through"] == start
+
+    service._close()
+    statements.clear()
+    cut_before = None
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        created = service.run_once(now=now)
+        kept = tracemalloc.get_traced_memory()[0] - before
+        del created[:]  # the ids this pass returns, about 5 MB of them
+        returned = tracemalloc.get_traced_memory()[0] - before
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+    assert peak < 32 << 20, f"peak {peak >> 20} MiB"
+    assert returned < 1 << 20, f"{returned >> 10} KiB kept after the pass ({kept >> 10} KiB)"
+    assert max(tasks for tasks, _ in statements) <= MAX_INSERT_TASKS
+    assert max(size for _, size in statements) <= MAX_INSERT_BYTES
+    # The 10,000 newest missed instants and the 11 on time, each once.
+    expected = [f"schedule:bulk:{now - SECOND * s:%Y-%m-%dT%H:%M:%SZ}"
+                for s in range(10_000 + int(ON_TIME_GRACE.total_seconds()), -1, -1)]
+    assert sum(tasks for tasks, _ in statements) == len(expected) == 10_011
+    assert [row[0] for row in conn.execute(
+        "SELECT id FROM tasks WHERE id LIKE 'schedule:bulk:%' ORDER BY id")] == expected
+    assert state_of(conn, "bulk")["through"] == now
 
 
 def test_what_was_enqueued_is_remembered_after_its_task_is_deleted(db_dsn, conn, scheduler):

@@ -57,7 +57,7 @@ class TestOnTime:
     def test_the_task_of_an_instant_is_due_at_it_and_named_by_it(self):
         s = schedule(name="report", payload={"kind": "sales"}, priority=5, max_retries=1)
         plan = plan_pass(s, state(s, at("2026-01-01T10:00:00")), at("2026-01-01T11:00:00"))
-        assert plan.tasks() == [{
+        assert list(plan.tasks()) == [{
             "task_type": "echo", "payload": {"kind": "sales"}, "priority": 5, "max_retries": 1,
             "name": "report", "task_id": "schedule:report:2026-01-01T11:00:00Z",
             "run_at": at("2026-01-01T11:00:00")}]
