@@ -229,11 +229,15 @@ def newer_schema(conn: psycopg.Connection) -> str | None:
     does not know that older daemons may not run on. One small read of a small table."""
     known = latest_known_version()
     try:
+        # Any version this code lacks, not only a higher one: a number skipped here (0008
+        # was never released) and filled by another build is as unknown as a newer one.
         # to_jsonb: the flag column is missing where only an older pgtaskd ever migrated.
         row = conn.execute(
-            "SELECT version, name FROM pgtaskd_schema_migrations m WHERE version > %s "
+            "SELECT version, name FROM pgtaskd_schema_migrations m "
+            "WHERE NOT version = ANY(%s::int[]) "
             "AND NOT coalesce((to_jsonb(m) ->> 'older_daemons_ok')::boolean, false) "
-            "ORDER BY version LIMIT 1", (known,)).fetchone()
+            "ORDER BY version LIMIT 1",
+            ([m.version for m in available_migrations()],)).fetchone()
     except psycopg.errors.UndefinedTable:
         return None  # never migrated: the claims' own errors say so
     if row is None:

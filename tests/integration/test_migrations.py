@@ -196,3 +196,14 @@ def test_a_schema_newer_than_this_code_is_refused_unless_it_says_old_daemons_may
         f"the database's schema has migration {known + 2:04d}_slots_for_everyone, newer than "
         f"this pgtaskd knows ({known:04d}), and daemons before it must not claim tasks: "
         f"upgrade pgtaskd on this host")
+
+
+def test_a_migration_number_this_code_skipped_is_as_unknown_as_a_newer_one(conn):
+    """0008 was never released: a build that applied its own 0008 has a schema this code does
+    not know, though no version in it is above this code's latest."""
+    known = {m.version for m in available_migrations()}
+    assert 8 not in known, "0008 is retired: never give a migration that number"
+    conn.execute("INSERT INTO pgtaskd_schema_migrations (version, name) "
+                 "VALUES (8, 'another_branch')")
+    with pytest.raises(MigrationError, match="0008_another_branch"):
+        migrate(conn)
