@@ -52,7 +52,8 @@ def cmd_check_config(args, config: Config) -> int:
                                    "task_type": s.task_type} for s in config.schedules},
             "limits": dict(config.limits),
             "warnings": warnings,
-            "database": redact_dsn(config.database.dsn)})
+            "database": redact_dsn(config.database.dsn),
+            "data_dir": None if config.database.dsn else str(config.database.data_dir)})
     if problems:
         return EXIT_USAGE
     if not args.json:
@@ -62,8 +63,10 @@ def cmd_check_config(args, config: Config) -> int:
                      if config.schedules else "")
         limits = (f", limits [{', '.join(f'{t}={n}' for t, n in sorted(config.limits.items()))}]"
                   if config.limits else "")
+        database = (redact_dsn(config.database.dsn) if config.database.dsn
+                    else f"embedded in {config.database.data_dir}")
         print(f"config ok: handlers [{types}], pools [{pools}]{schedules}{limits}, "
-              f"database {redact_dsn(config.database.dsn)}")
+              f"database {database}")
     return EXIT_OK
 
 

@@ -5,6 +5,8 @@ INTEGER range, the length of a task type) are the client's too, so they live wit
 a new task in ``supervisor.task_fields``; ``supervisor.config`` re-exports them.
 """
 
+import os
+
 CONFIG_ENV = "PGTASKD_CONFIG"
 DSN_ENV = "PGTASKD_DSN"
 # The supervisor hands each worker child the text of the config file as it read it for the
@@ -25,6 +27,7 @@ DEFAULT_MAX_PENDING_AGE = 300.0
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 DEFAULT_METRICS_MAX_CONNECTIONS = 64
 DEFAULT_METRICS_REQUEST_TIMEOUT = 5.0
+# Beside the config file (relative paths in a config are read from its folder).
 DEFAULT_DATA_DIR = "var/pgdata"
 DEFAULT_HANDLERS_PATH = "handlers"
 MAX_BATCH_SIZE = 1000
@@ -80,3 +83,13 @@ DEFAULT_MAX_CATCH_UP = 100
 # submit_many.
 MAX_CATCH_UP_LIMIT = 10_000
 DEFAULT_SCHEDULE_TIMEZONE = "UTC"
+
+
+def user_data_dir(env) -> str:
+    """The embedded server's folder when no config file is named: one place per user, so that
+    a command run from any folder finds the same database (from the working directory, each
+    folder got a new, empty cluster). $XDG_DATA_HOME/pgtaskd/pgdata, else
+    ~/.local/share/pgtaskd/pgdata."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    base = env.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
+    return os.path.join(base, "pgtaskd", "pgdata")

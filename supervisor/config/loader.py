@@ -27,7 +27,7 @@ from .defaults import (CONFIG_ENV, DEFAULT_DATA_DIR, DEFAULT_HEALTH_INTERVAL,
                        DEFAULT_RETRY_MAX_DELAY, DEFAULT_SHUTDOWN_TIMEOUT, DSN_ENV, MAX_LIMIT,
                        MAX_METRICS_CONNECTIONS, MAX_PAYLOAD_LIMIT, MAX_RETENTION_BATCH_SIZE,
                        MIN_LEASE_SECONDS, MIN_PASS_INTERVAL, MIN_PENDING_AGE, MIN_POLL_INTERVAL,
-                       MIN_RENEW_INTERVAL, MIN_TIMEOUT)
+                       MIN_RENEW_INTERVAL, MIN_TIMEOUT, user_data_dir)
 from .model import (Config, DatabaseConfig, HealthConfig, LeaseConfig, MetricsConfig,
                     ReaperConfig, RetentionConfig, RetryConfig)
 from .handler_pools import parse_handlers, parse_pools
@@ -43,7 +43,8 @@ _TOP_KEYS = {"database", "lease", "poll_interval", "retry", "handlers", "pools",
 
 def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
                  env: Mapping[str, str] | None = None, source: str | None = None) -> Config:
-    """Build a Config from a parsed YAML tree, or raise ConfigError listing every problem."""
+    """Build a Config from a parsed YAML tree, or raise ConfigError listing every problem.
+    Without a file (``path`` None), the embedded server's default folder is the user's."""
     env = os.environ if env is None else env
     if tree is None:
         tree = {}
@@ -52,7 +53,8 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     v = Validator(base_dir)
     v.unknown(tree, "", _TOP_KEYS)
 
-    database = _parse_database(v, tree, env)
+    database = _parse_database(v, tree, env,
+                               DEFAULT_DATA_DIR if path else user_data_dir(env))
 
     lease_tree = v.section(tree, "lease", "", {"seconds", "renew_interval"})
     before_lease = len(v.problems)
@@ -189,7 +191,8 @@ def _parse_retention(v: Validator, tree: Mapping) -> RetentionConfig:
     )
 
 
-def _parse_database(v: Validator, tree: Mapping, env: Mapping[str, str]) -> DatabaseConfig:
+def _parse_database(v: Validator, tree: Mapping, env: Mapping[str, str],
+                    default_data_dir: str) -> DatabaseConfig:
     db = v.section(tree, "database", "", {"dsn", "data_dir", "connect_timeout", "listen",
                                           "listen_dsn", "transaction_pooler"})
     if env.get(DSN_ENV):
@@ -198,7 +201,7 @@ def _parse_database(v: Validator, tree: Mapping, env: Mapping[str, str]) -> Data
         dsn = v.dsn("database.dsn", v.string(db, "dsn", "database", None) or None)
     return DatabaseConfig(
         dsn=dsn,
-        data_dir=v.directory(db, "data_dir", "database", DEFAULT_DATA_DIR),
+        data_dir=v.directory(db, "data_dir", "database", default_data_dir),
         connect_timeout=v.number(db, "connect_timeout", "database", 5.0, maximum=300,
                                  minimum=MIN_TIMEOUT, strict=False),
         listen=v.boolean(db, "listen", "database", True),

@@ -95,6 +95,9 @@ class Arbiter(ChildStops, Reloading, Shutdown):
         try:
             with database_dsn(self.config) as dsn:
                 self.dsn = dsn
+                if not self.config.database.dsn:  # where psql finds it: the URI names the socket
+                    emit("embedded_database", data_dir=str(self.config.database.data_dir),
+                         dsn=redact_dsn(dsn))
                 stop_asked = lambda: any(s in self.signal_queue for s in STOP_SIGNALS)  # noqa: E731
                 if not wait_for_database(self.config, dsn, migrate_on_start=self.migrate_on_start,
                                          demo=self.demo, stop_asked=stop_asked):

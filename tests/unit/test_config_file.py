@@ -31,6 +31,24 @@ def test_relative_paths_resolve_against_the_config_files_folder(tmp_path, monkey
     assert config.path == config_file.resolve()
 
 
+def test_without_a_config_file_the_embedded_database_is_the_users_wherever_the_command_runs(
+        tmp_path, monkeypatch):
+    """18.8: from the working directory, `cd /tmp && pgtaskd list` made a second, empty
+    cluster in /tmp/var/pgdata."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        monkeypatch.chdir(tmp_path / folder)
+        assert load_config(None, env={"HOME": "/home/ada"}).database.data_dir == \
+            Path("/home/ada/.local/share/pgtaskd/pgdata")
+    assert load_config(None, env={"HOME": "/home/ada", "XDG_DATA_HOME": "/data/ada"}
+                       ).database.data_dir == Path("/data/ada/pgtaskd/pgdata")
+    # A config file keeps its default beside it.
+    config_file = tmp_path / "pgtaskd.yaml"
+    config_file.write_text("poll_interval: 1\n")
+    assert load_config(config_file, env={"HOME": "/home/ada"}).database.data_dir == \
+        (tmp_path / "var" / "pgdata").resolve()
+
+
 def test_an_absolute_path_is_kept(tmp_path):
     config = parse({"handlers": {"path": str(tmp_path / "h")}}, base_dir=Path("/elsewhere"))
     assert config.handlers.path == tmp_path / "h"
