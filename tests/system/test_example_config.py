@@ -35,8 +35,18 @@ def test_the_example_config_runs_the_demo_tasks(tmp_path, db_dsn, conn):
         wait_until(lambda: notified()[1] and notified()[0] == notified()[1], timeout=30,
                    message="the demo's notify tasks to complete")
         claims = [json.loads(line) for line in (tmp_path / "daemon.log").read_text().splitlines()
-                  if '"task_claimed"' in line and '"notify"' in line]
-        assert claims and {claim["pool"] for claim in claims} == {"io"}, claims
+                  if '"task_claimed"' in line]
+        pools = {}
+        for claim in claims:
+            pools.setdefault(claim["task_type"], set()).add(claim["pool"])
+        # Each pool isolates what its comment says (18.9: the report ran on default).
+        assert pools.get("notify") == {"io"}, pools
+        wait_until(lambda: conn.execute("SELECT count(*) FROM tasks WHERE task_type = 'report' "
+                                        "AND status <> 'PENDING'").fetchone()[0], timeout=30,
+                   message="the demo's report task to be claimed")
+        claims = [json.loads(line) for line in (tmp_path / "daemon.log").read_text().splitlines()
+                  if '"task_claimed"' in line and '"report"' in line]
+        assert claims and {claim["pool"] for claim in claims} == {"reports"}, claims
         assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGTERM)
