@@ -16,7 +16,7 @@ from ..db.migrate import migrate
 from ..db.redact import redact_dsn
 from ..db.session import database_dsn
 from ..errors import EXIT_OK, EXIT_USAGE, UsageError, quote
-from ..logs import setup_logging
+from ..logs import TaskOutput, setup_logging
 from .output import print_json
 
 
@@ -113,7 +113,8 @@ def cmd_worker(args, config: Config) -> int:
     from ..channel import Link
     from ..worker.main import run_worker, stop_on_signals
 
-    setup_logging()
+    setup_logging(config.logging.level, config.logging.format)
+    sys.stdout = TaskOutput(sys.stdout)
     pool_name = args.pool or (config.pools[0].name if config.pools else None)
     if pool_name is None or pool_name not in {p.name for p in config.pools}:
         raise UsageError(f"--pool: no pool named {quote(args.pool)} in the config")
@@ -158,5 +159,5 @@ def cmd_bench(args, config: Config) -> int:
 def cmd_run(args, config: Config) -> int:
     from ..daemon.arbiter import Arbiter  # as in cmd_worker: speed, not a circle
 
-    setup_logging()
+    setup_logging(config.logging.level, config.logging.format)
     return Arbiter(config, migrate_on_start=not args.no_migrate, demo=args.demo).run()

@@ -28,8 +28,9 @@ from .defaults import (CONFIG_ENV, DEFAULT_DATA_DIR, DEFAULT_HEALTH_INTERVAL,
                        MAX_METRICS_CONNECTIONS, MAX_PAYLOAD_LIMIT, MAX_RETENTION_BATCH_SIZE,
                        MIN_LEASE_SECONDS, MIN_PASS_INTERVAL, MIN_PENDING_AGE, MIN_POLL_INTERVAL,
                        MIN_RENEW_INTERVAL, MIN_TIMEOUT, user_data_dir)
-from .model import (Config, DatabaseConfig, HealthConfig, LeaseConfig, MetricsConfig,
-                    ReaperConfig, RetentionConfig, RetryConfig)
+from .model import (Config, DatabaseConfig, HealthConfig, LeaseConfig, LoggingConfig,
+                    MetricsConfig, ReaperConfig, RetentionConfig, RetryConfig)
+from ..logs import FORMATS as LOG_FORMATS, LEVELS as LOG_LEVELS
 from .handler_pools import parse_handlers, parse_pools
 from .schedules import parse_schedules
 from .validator import Validator, shown_key, type_name
@@ -38,7 +39,7 @@ from .yaml_file import check_size, parse_yaml, read_config_text
 
 _TOP_KEYS = {"database", "lease", "poll_interval", "retry", "handlers", "pools",
              "shutdown_timeout", "reload_timeout", "reaper", "health", "retention",
-             "metrics", "max_payload_bytes", "schedules", "limits"}
+             "metrics", "logging", "max_payload_bytes", "schedules", "limits"}
 
 
 def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
@@ -135,6 +136,7 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
                                      DEFAULT_METRICS_REQUEST_TIMEOUT, maximum=300,
                                      minimum=MIN_TIMEOUT, strict=False),
         ),
+        logging=_parse_logging(v, tree),
         max_payload_bytes=max_payload_bytes,
         schedules=schedules,
         limits=_parse_limits(v, tree),
@@ -210,6 +212,12 @@ def _parse_database(v: Validator, tree: Mapping, env: Mapping[str, str],
         transaction_pooler=v.boolean(db, "transaction_pooler", "database", False),
     )
 
+
+
+def _parse_logging(v: Validator, tree: Mapping) -> LoggingConfig:
+    section = v.section(tree, "logging", "", {"format", "level"})
+    return LoggingConfig(format=v.choice(section, "format", "logging", "auto", LOG_FORMATS),
+                         level=v.choice(section, "level", "logging", "info", LOG_LEVELS))
 
 
 def _parse_limits(v: Validator, tree: Mapping) -> dict[str, int]:

@@ -162,6 +162,15 @@ class RetentionConfig:
 
 
 @dataclass(frozen=True)
+class LoggingConfig:
+    format: str = "auto"
+    """``json``, ``text``, or ``auto``: text when stderr is a terminal, JSON otherwise (under
+    systemd). ``PGTASKD_LOG_FORMAT`` wins over it."""
+    level: str = "info"
+    """``debug``, ``info``, ``warning`` or ``error``. ``PGTASKD_LOG_LEVEL`` wins over it."""
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     listen: str = DEFAULT_METRICS_LISTEN
     """``host:port`` of the /metrics and /healthz endpoint; empty string disables it."""
@@ -236,6 +245,7 @@ class Config:
     health: HealthConfig = field(default_factory=HealthConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     schedules: tuple[ScheduleConfig, ...] = ()
     limits: dict[str, int] = field(default_factory=dict)

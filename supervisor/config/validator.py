@@ -111,6 +111,16 @@ class Validator:
             return default
         return value
 
+    def choice(self, tree: Mapping, key: str, path: str, default: str,
+               choices: tuple[str, ...]) -> str:
+        value = self.string(tree, key, path, default)
+        if value is None or value.lower() not in choices:
+            if value is not None:
+                self.problem(f"{path}.{key}" if path else key,
+                             f"must be one of {', '.join(choices)}, got {quote(value)}")
+            return default
+        return value.lower()
+
     def string(self, tree: Mapping, key: str, path: str, default: str | None) -> str | None:
         if key not in tree or tree[key] is None:
             return default

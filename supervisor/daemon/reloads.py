@@ -17,7 +17,7 @@ from . import systemd
 from .children import BOOT_TIMEOUT, Child, RestartPolicy
 from ..config import Config, load_config
 from ..errors import ConfigError, one_line
-from ..logs import emit
+from ..logs import emit, setup_logging
 from .services import Services
 
 
@@ -98,6 +98,7 @@ class Reloading:
             if child.generation != reload.generation:
                 self.stop_child(child, "reload")
         self.config = reload.config
+        setup_logging(self.config.logging.level, self.config.logging.format)
         self.generation = reload.generation
         self.targets = {p.name: p.processes for p in reload.config.pools}
         self.restarts.reset()  # a reload is the way to re-arm a fused pool

@@ -30,7 +30,7 @@ from typing import Callable, Mapping
 
 from ..config import Config
 from ..db import store
-from ..logs import enter_task
+from ..logs import enter_task, leave_task
 from .leases import LeaseHolder
 from .task import Task
 
@@ -164,13 +164,15 @@ class ConcurrentRunning:
             started = time.monotonic()
             error: BaseException | None = None
             # This asyncio task's own context: the other runs on the loop keep theirs.
-            enter_task(task.id, task.task_type)
+            enter_task(task.id, task.task_type, self.worker_id)
             try:
                 await self.handlers[task.task_type](task)
             except BaseException as exc:  # noqa: BLE001 - as a plain handler's
                 if isinstance(exc, KeyboardInterrupt):
                     raise
                 error = exc
+            finally:
+                leave_task()
             duration = time.monotonic() - started
             if error is None and not task.timed_out:
                 self.end(claim, task, token, fields, None, duration, (None, None))

@@ -357,7 +357,7 @@ class Worker(BatchRunning, ConcurrentRunning, Settling):
     def _call_handler(self, task: Task) -> BaseException | None:
         """Run the handler to its end; what it raised, if anything."""
         handler = self.handlers[task.task_type]
-        context = enter_task(task.id, task.task_type)
+        context = enter_task(task.id, task.task_type, self.worker_id)
         try:
             if inspect.iscoroutinefunction(handler):
                 if self._event_loop is None:

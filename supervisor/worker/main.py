@@ -24,7 +24,7 @@ from ..claim_board import ClaimBoard
 from ..config import CONFIG_SNAPSHOT_ENV, DSN_ENV, load_config
 from ..db.connect import connect
 from ..errors import EXIT_BOOT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, OperationalError
-from ..logs import emit, setup_logging
+from ..logs import TaskOutput, emit, setup_logging
 from .leases import SupervisedLeases
 from .concurrent import SETTLING_THREADS
 from .loop import Worker
@@ -210,6 +210,9 @@ def main(argv=None) -> int:
         for problem in exc.problems:
             emit("worker_boot_failed", error=problem)
         return EXIT_USAGE
+    setup_logging(config.logging.level, config.logging.format)
+    # A line a handler prints names its task, as its log records do.
+    sys.stdout = TaskOutput(sys.stdout)
     dsn = os.environ.get(DSN_ENV) or config.database.dsn
     if not dsn:
         emit("worker_boot_failed", error=f"no DSN: the supervisor passes it in ${DSN_ENV}")

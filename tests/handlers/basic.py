@@ -50,3 +50,15 @@ def cooperative(task):
     while time.monotonic() < deadline:
         task.raise_if_cancelled()
         time.sleep(0.02)
+
+
+def chatty(task):
+    """Prints (one line in two writes, one with no newline at all) and logs through a
+    logger of its own: what an unchanged handler does."""
+    import logging
+    import sys
+
+    print("said", task.payload.get("word", "hi"), end=" ")
+    sys.stdout.write("twice\n")
+    logging.getLogger("chatty").warning("careful with %s", task.id)
+    print("no newline", end="")
