@@ -41,6 +41,7 @@ HANDLER_TYPES = {
     "fail": "basic:fail",
     "sleep": "basic:sleep",
     "suicide": "daemon_handlers:suicide",
+    "suicide_later": "daemon_handlers:suicide_later",
     "slow_once": "daemon_handlers:slow_once",
     "slow": "daemon_handlers:slow",
     "permanent": "basic:permanent",

@@ -93,6 +93,10 @@ class SupervisedLeases:
         self._slots: dict[int, int] = {}
         self._free_slots = list(range(self.board.slots))
         self._slots_lock = threading.Lock()  # claims come from the loop, settlements from any
+        # The claim whose run the supervisor was told of ("started": its type has a timeout or
+        # cancel: kill) until it is told the run is over: it enforces the type's timeout on
+        # whatever the child does until then.
+        self._watched: int | None = None
         self._settled: list[int] = []
         self._settled_lock = threading.Lock()  # the loop and its batch guard both report
         self._read_lock = threading.Lock()
@@ -140,6 +144,8 @@ class SupervisedLeases:
     def started(self, task: Task, token: int, *, watched: bool) -> None:
         with self._slots_lock:
             self.board.mark(self._slots.get(token, -1), token, STARTED)
+            if watched:
+                self._watched = token
         if watched:
             self.link.send("started", token=token, task_id=task.id, task_type=task.task_type,
                            at=time.monotonic())
@@ -147,6 +153,7 @@ class SupervisedLeases:
     def finished(self, token: int) -> None:
         with self._slots_lock:
             self.board.mark(self._slots.get(token, -1), token, FINISHED)
+        self._ended([token])
 
     def drop(self, tokens: Sequence[int]) -> None:
         with self._slots_lock:
@@ -156,6 +163,17 @@ class SupervisedLeases:
                     heapq.heappush(self._free_slots, slot)
         with self._settled_lock:
             self._settled.extend(tokens)
+        self._ended(tokens)
+
+    def _ended(self, tokens: Sequence[int]) -> None:
+        """Tell the supervisor at once that the watched run is over. Its settlement would
+        only ride on the next claim: the batch's next task would run meanwhile under the
+        ended run's deadline, and be killed as if it had overrun."""
+        with self._slots_lock:
+            if self._watched is None or self._watched not in tokens:
+                return
+            token, self._watched = self._watched, None
+        self.link.send("ended", token=token)
 
     def idle(self, since: float) -> None:
         self.link.send("idle", since=since, done=self._take_settled())

@@ -13,6 +13,7 @@ import socket
 import pytest
 
 from conftest import add_task, task_row, wait_until
+from daemon import HANDLER_TYPES
 from executions import read_runs
 
 pytestmark = pytest.mark.slow
@@ -20,12 +21,14 @@ pytestmark = pytest.mark.slow
 pytest_plugins = ["daemon"]
 
 
-def add_batch(conn, log, gate, names: list[tuple[str, str]]) -> None:
-    """Tasks in one transaction, so that one claim takes them all, in this order."""
+def add_batch(conn, log, gate, names: list[tuple[str, str]],
+              seconds: dict | None = None) -> None:
+    """Tasks in one transaction, so that one claim takes them all, in this order; each runs
+    ``seconds[name]`` (default 0)."""
     with conn.transaction():
         for rank, (name, task_type) in enumerate(names):
             add_task(conn, name, task_type,
-                     {"log": str(log), "gate": str(gate), "seconds": 0},
+                     {"log": str(log), "gate": str(gate), "seconds": (seconds or {}).get(name, 0)},
                      priority=100 - rank, max_retries=0)
 
 
@@ -97,3 +100,50 @@ def test_claims_a_child_died_before_telling_of_go_back_free(start_daemon, conn, 
     assert sorted(r["task_id"] for r in read_runs(log)) == ["u1", "u2"]
     assert task_row(conn, "later")["status"] == "RUNNING"
     assert task_row(conn, "later")["claimed_by"] == worker_id
+
+
+def test_a_crash_behind_a_timed_head_is_charged_to_the_crasher(start_daemon, conn, tmp_path):
+    """A batch: a type with a timeout at its head, done in 0.2 s, then a task that kills its
+    own child after 1.5 s, past the head's timeout. The head's timeout ended with its run; the
+    crash is the crasher's, and ends it FAILED after its one retry rather than looping."""
+    types = {**HANDLER_TYPES, "timed": {"handler": "timed_handlers:sleeps", "timeout": 1}}
+    d = start_daemon(handlers={"types": types},
+                     pools={"default": {"processes": 1, "batch_size": 2}})
+    with conn.transaction():
+        add_task(conn, "head", "timed", {"log": str(tmp_path / "runs.log"), "seconds": 0.2},
+                 priority=9, max_retries=0)
+        add_task(conn, "poison", "suicide_later", {"seconds": 1.5}, priority=1, max_retries=1)
+    wait_until(lambda: task_row(conn, "poison")["status"] == "FAILED", timeout=20,
+               message="the crasher to end FAILED")
+    head, poison = task_row(conn, "head"), task_row(conn, "poison")
+    assert (head["status"], head["retry_count"], head["attempts"]) == ("COMPLETED", 0, 1), head
+    assert (poison["status"], poison["retry_count"]) == ("FAILED", 1), poison
+    (first_charge,) = d.find("task_retry_scheduled", task_id="poison")
+    for error in (first_charge["error"], poison["error_message"]):
+        assert "died (SIGKILL" in error, error
+    assert not d.find("task_timed_out"), "a timeout fired on a run that had ended"
+    pids = [pid for (pid,) in conn.execute(
+        "SELECT pid FROM test_runs WHERE task_id = 'poison' ORDER BY at").fetchall()]
+    assert len(pids) == 2 and pids[0] != pids[1], pids
+
+
+def test_a_reload_kill_charges_only_the_started_claim_of_a_batch(start_daemon, conn,
+                                                                  tmp_path):
+    """reload_timeout kills an old child while the head of its batch runs: the head is charged
+    (FAILED, max_retries 0), the two claims waiting behind it go back free, to the new
+    generation."""
+    log, gate = tmp_path / "runs.log", tmp_path / "gate"
+    d = start_daemon(reload_timeout=1, pools={"default": {"processes": 1, "batch_size": 3}})
+    add_batch(conn, log, gate, [("head", "sleeps"), ("w2", "sleeps"), ("w3", "sleeps")],
+              seconds={"head": 30})
+    (head,) = wait_until(lambda: read_runs(log), message="the head of the batch to start")
+    mark = d.mark()
+    d.send(signal.SIGHUP)
+    d.wait_for("worker_exited", since=mark, child_pid=head["pid"], timeout=20)
+    wait_until(lambda: [task_row(conn, t)["status"] for t in ("head", "w2", "w3")]
+               == ["FAILED", "COMPLETED", "COMPLETED"], timeout=20,
+               message="the head charged and the waiting claims run by the new generation")
+    assert "outlasted reload_timeout (1 s)" in task_row(conn, "head")["error_message"]
+    assert [task_row(conn, t)["retry_count"] for t in ("w2", "w3")] == [0, 0]
+    runs = [(r["task_id"], r["pid"]) for r in read_runs(log) if r["task_id"] != "head"]
+    assert sorted(t for t, _ in runs) == ["w2", "w3"] and head["pid"] not in {p for _, p in runs}
