@@ -49,6 +49,7 @@ HANDLER_TYPES = {
     "holds_the_gil": "timed_handlers:holds_the_gil",
     "works": "timed_handlers:works",
     "gated": "timed_handlers:gated",
+    "stops_itself": "timed_handlers:stops_itself",
     "sleeps_async": "timed_handlers:sleeps_async",
     "works_async": "timed_handlers:works_async",
     "chatty": "timed_handlers:chatty",

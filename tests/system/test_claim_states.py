@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 
 import pytest
 
 from conftest import add_task, task_row, wait_until
-from daemon import HANDLER_TYPES
+from daemon import HANDLER_TYPES, proc_stat
 from executions import read_runs
 
 pytestmark = pytest.mark.slow
@@ -100,6 +101,55 @@ def test_claims_a_child_died_before_telling_of_go_back_free(start_daemon, conn, 
     assert sorted(r["task_id"] for r in read_runs(log)) == ["u1", "u2"]
     assert task_row(conn, "later")["status"] == "RUNNING"
     assert task_row(conn, "later")["claimed_by"] == worker_id
+
+
+def test_a_stopped_childs_other_claims_are_settled_long_before_their_lease(start_daemon,
+                                                                            conn, tmp_path):
+    """A child stopped (SIGSTOP) while a handler of its batch runs: the run it finished before
+    (f1) and the four claims waiting behind (w3..w6) would lapse with the stopped run's lease
+    and each be charged an attempt (with max_retries 0: FAILED, though f1 succeeded and the
+    others never ran). Instead f1 is completed and the four go back free at once, and another
+    child runs them, long before their 3 s lease would have lapsed. Let go again, the stopped
+    child starts none of them. The handler stops its own child, so the stop lands while the
+    four still wait (a batch guard would otherwise give them back itself, and write f1, once
+    the handler had run 0.75 s)."""
+    lease = 3.0
+    log, gate = tmp_path / "runs.log", tmp_path / "gate"
+    waiting = ["w3", "w4", "w5", "w6"]
+    d = start_daemon(lease={"seconds": lease, "renew_interval": 1},
+                     pools={"default": {"processes": 1, "batch_size": 6}})
+    add_batch(conn, log, gate, [("f1", "sleeps"), ("head", "stops_itself")]
+              + [(t, "sleeps") for t in waiting])
+    head = wait_until(lambda: [r for r in read_runs(log) if r["task_id"] == "head"],
+                      message="the stopping handler to start")[0]
+    stopped = head["pid"]
+    worker_id = f"{socket.gethostname()}:{stopped}:default#1"
+    try:
+        wait_until(lambda: proc_stat(stopped)["state"] == "T", message="the child to stop")
+        # A second child, started once the whole batch is the stopped one's, to take them.
+        d.send(signal.SIGTTIN)
+        for t in waiting:
+            d.wait_for("task_released", task_id=t, released=True,
+                       timeout=lease - 1 - (time.monotonic() - head["start"]))
+        settled_after = time.monotonic() - head["start"]
+        d.wait_for("task_completed", task_id="f1", written_by="supervisor", timeout=1)
+        wait_until(lambda: all(task_row(conn, t)["status"] == "COMPLETED" for t in waiting),
+                   timeout=10, message="another child to run the claims given back")
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    # The resumed child writes the head's outcome only once its batch is behind it.
+    wait_until(lambda: d.find("task_completed", task_id="head", worker_id=worker_id)
+               or d.find("stale_result_discarded", task_id="head", worker_id=worker_id),
+               timeout=10, message="the resumed child to be done with its batch")
+    print(f"\nstopped child: its finished run written and its 4 waiting claims given back "
+          f"{settled_after:.2f} s after the stop (lease {lease:g} s)")
+    for t in ["f1"] + waiting:
+        row = task_row(conn, t)
+        assert (row["status"], row["retry_count"]) == ("COMPLETED", 0), row
+    runs = [(r["task_id"], r["pid"]) for r in read_runs(log) if r["task_id"] != "head"]
+    assert sorted(t for t, _ in runs) == ["f1"] + waiting, runs  # each ran once
+    assert all(pid != stopped for t, pid in runs if t != "f1"), \
+        "the stopped child ran a claim given back"
 
 
 def test_a_crash_behind_a_timed_head_is_charged_to_the_crasher(start_daemon, conn, tmp_path):
