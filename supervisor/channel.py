@@ -9,6 +9,9 @@ Child to supervisor (``kind`` and its fields):
   waiting_db error                          booting, but the database is unreachable
   claimed    claims: [[task_id, token, task_type], ...], done
                                             the child owns these claims: renew them
+  started    token, task_id, task_type, at  a run of a type with a timeout or cancel: kill
+                                            starts (at monotonic ``at``)
+  ended      token                          that run is over (its write may be pending)
   idle       since, done                    nothing was due at monotonic ``since``
   done       tokens: [...]                  settled (or dropped as stale): stop renewing;
                                             ``claimed`` and ``idle`` carry the same list as

@@ -6,7 +6,9 @@ lapses, and another worker starts the same task while the first still runs it. S
 supervisor renews the leases of every claim its children hold, in one statement per round,
 on a thread of its own; it only needs each child's claims (from the pipe) and whether the
 child still lives. A child that is stopped (SIGSTOP, a debugger) is not renewed for: it
-makes no progress, and its task should pass to a worker that does.
+makes no progress, and its task should pass to a worker that does (the claims it never
+started go back sooner, free, and the runs it finished are written:
+supervisor/daemon/stopped_children.py).
 
 The same thread settles claims whose holder is gone, through a queue the main loop fills:
 a dead child's claim counts as a failed attempt at once, a claim the supervisor stopped on
@@ -163,6 +165,17 @@ class LeaseKeeper(threading.Thread):
                 self._held.pop(held.token, None)
             self._settlements.append(Settlement(kind, tuple(claims), reason))
             self._wakeup.notify()
+
+    def settle_tokens(self, kind: str, holder: Holder, tokens: Sequence[int],
+                      reason: str) -> list[Held]:
+        """``settle`` those of these claims that ``holder`` still holds here; those claims."""
+        with self._wakeup:
+            claims = [self._held.pop(t) for t in tokens
+                      if t in self._held and self._held[t].holder is holder]
+            if claims:
+                self._settlements.append(Settlement(kind, tuple(claims), reason))
+                self._wakeup.notify()
+        return claims
 
     def settle_unheard(self, unheard: Unheard, reason: str) -> None:
         """After a child's death: settle the claims it made and never told us of."""

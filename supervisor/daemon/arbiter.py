@@ -10,8 +10,9 @@ have threads of their own. The parent never imports handler modules and never ha
 connection to a child.
 
 The Arbiter's methods are its process verbs; the children's messages are read by ChildLinks
-(child_links.py), a reload's steps are in reloads.py, the stop sequence in shutdown.py, and
-what systemd is told each turn in systemd.py (SystemdReport).
+(child_links.py), a reload's steps are in reloads.py, the stop sequence in shutdown.py, a
+stopped child's claims are settled by stopped_children.py, and what systemd is
+told each turn in systemd.py (SystemdReport).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from .reloads import Reload, Reloading
 from .run_policies import RunPolicies
 from .services import Services, cleanup_metrics_dir, prepare_metrics_dir, wait_for_database
 from .shutdown import Shutdown
+from .stopped_children import StoppedChildren
 
 LOOP_TICK = 0.5
 # After children's messages alone, the rest of the loop runs within this long.
@@ -77,6 +79,7 @@ class Arbiter(ChildStops, Reloading, Shutdown):
         self.run_policies = RunPolicies(
             lambda child, task_type: self.generation_config(child.generation)
             .handlers.policy(task_type))
+        self.stopped_children = StoppedChildren()
         self.started_at = time.monotonic()
         from ..maintenance.health import ChildrenStatus
         self.children_snapshot = ChildrenStatus(0, sum(self.targets.values()))
@@ -159,6 +162,7 @@ class Arbiter(ChildStops, Reloading, Shutdown):
             self.dispatch_signals()
             self.reap_children()
             self.run_policies.enforce(list(self.children.values()), self.kill_child)
+            self.stopped_children.settle(list(self.children.values()), self.keeper)
             if self.stopping:
                 if self.advance_stop():
                     return

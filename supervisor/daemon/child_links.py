@@ -1,8 +1,8 @@
 """What the children say on their links, and what the supervisor does about it.
 
 Each child reports over its socket pair: the claims it took (handed to the lease keeper to
-renew), the ones it settled (dropped from it), when a watched run starts, when it goes idle,
-boots, fails to boot or waits for the database, and why it is about to exit.
+renew), the ones it settled (dropped from it), when a watched run starts and ends, when it
+goes idle, boots, fails to boot or waits for the database, and why it is about to exit.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ class ChildLinks:
             self.on_claimed(child, message["claims"])
         elif kind == "started":
             self.run_policies.started(child, message)
+        elif kind == "ended":
+            self.run_policies.settled(child, [int(message["token"])])
         elif kind == "stopping":
             if message.get("reason") == "recycle" and not child.stopping:
                 # An expected exit: replaced at once, with no restart backoff.

@@ -42,6 +42,8 @@ FUSE_WINDOW = 60.0
 # /proc/<pid>/stat states of a process that makes progress (running, sleeping, disk wait,
 # idle kernel wait); T/t (stopped, traced) and Z/X (dead) do not.
 _PROGRESSING = frozenset("RSDIWP")
+# Stopped by a signal (SIGSTOP, SIGTSTP) or held by a debugger: alive, but running nothing.
+_STOPPED = frozenset("Tt")
 
 
 # A child asked to stop that holds no claim has nothing left to finish; one still there after
@@ -118,20 +120,29 @@ class Child:
 
     def alive(self) -> bool:
         """Making progress: not exited, not stopped. Read from /proc without waiting."""
+        return self._state() in _PROGRESSING
+
+    def stopped(self) -> bool:
+        """Alive but stopped (SIGSTOP, a debugger): it runs nothing until it is let go."""
+        return self._state() in _STOPPED
+
+    def _state(self) -> str:
+        """Its state letter in /proc/<pid>/stat; "X" once it exited or cannot be read."""
         if self.process.returncode is not None:
-            return False
+            return "X"
         try:
             with open(f"/proc/{self.pid}/stat", "rb") as stat:
                 fields = stat.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
-            return False
-        return bool(fields) and fields[0].decode() in _PROGRESSING
+            return "X"
+        return fields[0].decode(errors="replace") if fields else "X"
 
     def renewed(self, tokens: list[int], expires_at: float) -> None:
         self.link.send("lease", tokens=tokens, expires_at=expires_at)
 
-    def lost(self, token: int, reason: str) -> None:
-        self.link.send("lost", token=token, reason=reason)
+    def lost(self, token: int, reason: str) -> bool:
+        """Whether the message could be sent."""
+        return self.link.send("lost", token=token, reason=reason)
 
     def wake(self) -> None:
         self.idle_since = None

@@ -88,7 +88,7 @@ class BatchRunning:
                 error = exc
             task = Task.from_row(row, worker_id=self.worker_id,
                                  connection=self.handler_connection,
-                                 refresh=getattr(self.leases, "refresh", None))
+                                 refresh=self.leases.refresh)
             task.lease_expires_at = claimed_at + self.config.lease.seconds
             task.lease_margin = stop_margin(self.config.lease.seconds)
             task.undecodable = error

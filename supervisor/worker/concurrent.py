@@ -40,7 +40,8 @@ SETTLING_THREADS = 4
 
 
 class ConcurrentRunning:
-    """The Worker's concurrent mode: a mixin, for the loop's claim, begin, end and settling."""
+    """The Worker's concurrent mode: a mixin, for the loop's claim, begin (may_start and
+    refuse), end and settling."""
 
     # Set by Worker.__init__.
     config: Config
@@ -156,11 +157,10 @@ class ConcurrentRunning:
         claim = store.Claim(task.id, self.worker_id, token)
         fields = self._fields(task)
         try:
-            if task.undecodable is not None or task.is_cancelled():
-                # begin() settles it, which writes to the database: not on the loop.
-                await self._settling(self.begin, claim, task, token, fields)
+            if task.undecodable is not None or not self.may_start(task, token, watched=False):
+                # Settled by a write to the database: not on the loop.
+                await self._settling(self.refuse, claim, task, token, fields)
                 return
-            self.leases.started(task, token, watched=False)
             started = time.monotonic()
             error: BaseException | None = None
             # This asyncio task's own context: the other runs on the loop keep theirs.

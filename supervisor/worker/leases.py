@@ -38,6 +38,11 @@ class LeaseHolder(Protocol):
     def drop(self, tokens: Sequence[int]) -> None:
         """These claims are settled: stop renewing them."""
 
+    def starting(self, token: int) -> None:
+        """This claim is about to start: from here on, should the worker die, the claim is
+        charged an attempt. Said before the worker's last look at whether the claim is
+        still its own (Worker.may_start)."""
+
     def started(self, task: Task, token: int, *, watched: bool) -> None:
         """The handler of this claim starts now; ``watched``: its type has a timeout or
         cancel: kill, which the supervisor enforces."""
@@ -52,6 +57,10 @@ class LeaseHolder(Protocol):
         """Tell the supervisor now of the claims settled so far, rather than with the next
         message: for claims given back while the worker is busy, which another worker may
         claim again before this one says anything."""
+
+    def refresh(self) -> None:
+        """Apply now whatever the supervisor sent that was not read yet (a claim it took
+        back): read before a claim's handler starts."""
 
     def wait(self, timeout: float, woken: threading.Event) -> None:
         """Block until ``woken`` is set, ``interrupt()`` is called, or ``timeout`` passes."""
@@ -93,6 +102,10 @@ class SupervisedLeases:
         self._slots: dict[int, int] = {}
         self._free_slots = list(range(self.board.slots))
         self._slots_lock = threading.Lock()  # claims come from the loop, settlements from any
+        # The claim whose run the supervisor was told of ("started": its type has a timeout or
+        # cancel: kill) until it is told the run is over: it enforces the type's timeout on
+        # whatever the child does until then.
+        self._watched: int | None = None
         self._settled: list[int] = []
         self._settled_lock = threading.Lock()  # the loop and its batch guard both report
         self._read_lock = threading.Lock()
@@ -113,7 +126,8 @@ class SupervisedLeases:
         self._stopping = True
         self._busy.set()
         _poke(self._park_w)
-        self._thread.join(2.0)
+        if self._thread.ident is not None:  # run_once() never starts it
+            self._thread.join(2.0)
 
     def hold(self, tasks: Sequence[Task], tokens: Sequence[int]) -> bool:
         claims = [[task.id, token, task.task_type] for task, token in zip(tasks, tokens)]
@@ -137,16 +151,22 @@ class SupervisedLeases:
                 self.board.mark(slot, token, CLAIMED)
         return True
 
-    def started(self, task: Task, token: int, *, watched: bool) -> None:
+    def starting(self, token: int) -> None:
         with self._slots_lock:
             self.board.mark(self._slots.get(token, -1), token, STARTED)
-        if watched:
-            self.link.send("started", token=token, task_id=task.id, task_type=task.task_type,
-                           at=time.monotonic())
+
+    def started(self, task: Task, token: int, *, watched: bool) -> None:
+        if not watched:
+            return
+        with self._slots_lock:
+            self._watched = token
+        self.link.send("started", token=token, task_id=task.id, task_type=task.task_type,
+                       at=time.monotonic())
 
     def finished(self, token: int) -> None:
         with self._slots_lock:
             self.board.mark(self._slots.get(token, -1), token, FINISHED)
+        self._ended([token])
 
     def drop(self, tokens: Sequence[int]) -> None:
         with self._slots_lock:
@@ -156,6 +176,17 @@ class SupervisedLeases:
                     heapq.heappush(self._free_slots, slot)
         with self._settled_lock:
             self._settled.extend(tokens)
+        self._ended(tokens)
+
+    def _ended(self, tokens: Sequence[int]) -> None:
+        """Tell the supervisor at once that the watched run is over. Its settlement would
+        only ride on the next claim: the batch's next task would run meanwhile under the
+        ended run's deadline, and be killed as if it had overrun."""
+        with self._slots_lock:
+            if self._watched is None or self._watched not in tokens:
+                return
+            token, self._watched = self._watched, None
+        self.link.send("ended", token=token)
 
     def idle(self, since: float) -> None:
         self.link.send("idle", since=since, done=self._take_settled())
@@ -286,6 +317,9 @@ class LocalLeases:
     def drop(self, tokens: Sequence[int]) -> None:
         self.keeper.drop(tokens)
 
+    def starting(self, token: int) -> None:
+        pass  # the keeper of this process dies with it: nobody settles for a dead worker
+
     def started(self, task: Task, token: int, *, watched: bool) -> None:
         pass  # no supervisor: timeouts and cancel-kills are not enforced (pgtaskd worker)
 
@@ -297,6 +331,9 @@ class LocalLeases:
 
     def report_settled(self) -> None:
         pass  # its keeper is told of each settlement as it happens
+
+    def refresh(self) -> None:
+        pass  # its keeper's news reaches the tasks directly
 
     def wait(self, timeout: float, woken: threading.Event) -> None:
         woken.wait(timeout)

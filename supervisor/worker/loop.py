@@ -338,21 +338,44 @@ class Worker(BatchRunning, ConcurrentRunning, Settling):
 
     def begin(self, claim: store.Claim, task: Task, token: int, fields: dict) -> bool:
         """Whether the handler may start now; if not, the claim is settled here."""
+        watched = self.config.handlers.policy(task.task_type).watched
+        if task.undecodable is None and self.may_start(task, token, watched=watched):
+            return True
+        self.refuse(claim, task, token, fields)
+        return False
+
+    def may_start(self, task: Task, token: int, *, watched: bool) -> bool:
+        """Mark the claim started, then whether it is still ours to start.
+
+        Marked first: a child that dies from here on is charged an attempt for this claim,
+        and only for this one (its batch's waiting claims go back free). Then the link is
+        read, for a claim lost while it waited (cancelled, its lease passed on, or given back
+        by the supervisor while this child was stopped). In that order, a supervisor giving
+        back a stopped child's claims either sees this one started and leaves it, or has
+        already told us it is lost (stopped_children.py). Only a run that starts is
+        reported, for the supervisor to time it (a type with a timeout or cancel: kill)."""
+        self.leases.starting(token)
+        self.leases.refresh()
+        if task.is_cancelled():
+            return False
+        self.leases.started(task, token, watched=watched)
+        return True
+
+    def refuse(self, claim: store.Claim, task: Task, token: int, fields: dict) -> None:
+        """Settle a claim whose handler does not start: a payload that cannot be read fails
+        for good; a claim lost before it started goes back free if it is still ours."""
         if task.undecodable is not None:
             error = PermanentError(f"the payload cannot be read as JSON: "
                                    f"{describe(task.undecodable)}")
             self._record(token, self._fail(claim, task, error, True, fields), task, 0.0)
-            return False
-        if task.is_cancelled():
-            # Lost while it waited in the batch (cancelled, or its lease passed on).
-            self._record(token, self._stopped_by_cancel(claim, task, fields), task, 0.0)
-            return False
-        # Before the handler can do anything: a child that dies from here on is charged an
-        # attempt for this claim, and only for this one (its batch's waiting claims go back
-        # free); the supervisor also times the run of a type with a timeout or cancel: kill.
-        self.leases.started(task, token,
-                            watched=self.config.handlers.policy(task.task_type).watched)
-        return True
+            return
+        outcome = self._lost_before_start(claim, task, fields)
+        if outcome.name != "released":
+            self._record(token, outcome, task, 0.0)
+            return
+        self._record(token, outcome, task, None)
+        # Another worker may claim it at once (as for a batch given back).
+        self.leases.report_settled()
 
     def _call_handler(self, task: Task) -> BaseException | None:
         """Run the handler to its end; what it raised, if anything."""

@@ -169,6 +169,21 @@ class Settling:
              **fields)
         return Outcome("retried", "PENDING", result["retry_count"], delay)
 
+    def _lost_before_start(self, claim, task, fields) -> Outcome:
+        """A claim found lost before its handler started. If the database still shows it
+        ours (our own clock called its lease lost, or a supervisor that saw this child stopped
+        told us, then found it let go and left the claim to us), it goes back without
+        spending a retry: it never ran. Otherwise, as a run stopped by its loss."""
+        released = self._finalize(
+            lambda conn: store.release_tasks(conn, [(claim.task_id, claim.token)]), claim,
+            fields)
+        if released:
+            emit("task_released", reason=task.cancel_reason, never_started=True, **fields)
+            return Outcome("released")
+        if released is None:
+            return Outcome("lost")
+        return self._stopped_by_cancel(claim, task, fields)
+
     def _stopped_by_cancel(self, claim, task, fields) -> Outcome:
         """The handler stopped at a safe point because the task was no longer ours."""
         row = self._finalize(lambda conn: store.task_status(conn, claim.task_id), claim, fields)

@@ -18,6 +18,13 @@ def suicide(task):
     time.sleep(60)  # never reached: SIGKILL cannot be caught
 
 
+def suicide_later(task):
+    """Sleep ``payload.seconds``, then kill this worker child with SIGKILL, every time."""
+    _record(task)
+    time.sleep(float(task.payload.get("seconds", 1)))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def slow_once(task):
     """The first attempt sleeps ``payload.seconds`` (default 60); later attempts return at once."""
     _record(task)

@@ -11,6 +11,7 @@ import asyncio
 import ctypes
 import logging
 import os
+import signal
 import time
 
 
@@ -62,6 +63,15 @@ def gated(task):
     deadline = time.monotonic() + 30
     while not os.path.exists(task.payload["gate"]) and time.monotonic() < deadline:
         time.sleep(0.01)
+    _log(task, "end")
+
+
+def stops_itself(task):
+    """Stops its own child with SIGSTOP the moment it starts, as a stop from outside would at
+    an instant the test knows: every thread of the child halts until a SIGCONT. Then it
+    returns at once."""
+    _log(task, "start")
+    os.kill(os.getpid(), signal.SIGSTOP)
     _log(task, "end")
 
 

@@ -8,7 +8,9 @@ import threading
 import pytest
 
 from conftest import make_config, wait_until
+from supervisor.channel import Link, socket_pair
 from supervisor.db import store
+from supervisor.worker.leases import SupervisedLeases
 from worker_fixtures import add_task, looping, task_row
 
 pytest_plugins = ["worker_fixtures"]
@@ -110,6 +112,44 @@ def test_a_task_cancelled_while_it_waits_in_a_batch_never_runs(conn, db_dsn, mak
     assert task_row(conn, "waiting")["status"] == "CANCELLED"
     assert run_order(conn) == []
     assert events.of("task_cancelled")
+
+
+def test_a_claim_taken_back_while_it_waited_never_starts_and_costs_no_retry(conn,
+                                                                            make_worker):
+    """A daemon's child reads its link right before it starts each claim: a claim its
+    supervisor took back while the child was stopped never starts, though nothing else read
+    the link (no inbox thread runs here) and its lease is good by the child's clock. w2 was
+    given back by the supervisor; w3 was only told lost (the child was let go before the
+    supervisor released it) and is still the child's in the database: it gives it back
+    itself. Neither spends a retry (max_retries 0)."""
+    supervisor_sock, child_sock = socket_pair()
+    supervisor = Link(supervisor_sock, blocking=False)
+    ran = []
+
+    def head(task):
+        # What stopped_children.py does while the child is stopped.
+        (claimed,), _ = supervisor.receive()
+        tokens = {task_id: token for task_id, token, _ in claimed["claims"]}
+        assert store.release_tasks(conn, [("w2", tokens["w2"])]) == {"w2"}
+        for task_id in ("w2", "w3"):
+            supervisor.send("lost", token=tokens[task_id], reason="taken back")
+
+    worker = make_worker(handlers={"head": head, "echo": lambda task: ran.append(task.id)},
+                         batch_size=3,
+                         leases=lambda w: SupervisedLeases(Link(child_sock, blocking=True), w,
+                                                           pool_name="default"))
+    add_task(conn, "first", "head", priority=9, max_retries=0)
+    for task_id in ("w2", "w3"):
+        add_task(conn, task_id, "echo", max_retries=0)
+
+    assert worker.run_once().name == "completed"
+
+    assert ran == []
+    for task_id in ("w2", "w3"):
+        stored = task_row(conn, task_id)
+        assert (stored["status"], stored["retry_count"], stored["claimed_by"]) == \
+            ("PENDING", 0, None), stored
+    assert task_row(conn, "first")["status"] == "COMPLETED"
 
 
 @pytest.mark.parametrize("column, moment", [("created_at", "20000-01-01 00:00Z"),

@@ -96,9 +96,10 @@ def make_worker(db_dsn):
     pools = []
 
     def build(config=None, *, worker_id: str = "worker-1", types=None, handlers=None,
-              dsn: str | None = None, batch_size: int = 1) -> Worker:
+              dsn: str | None = None, batch_size: int = 1, leases=None) -> Worker:
         """``dsn`` (default: the test database) is where the worker's connections go, e.g.
-        through a tests/tcpproxy.py proxy."""
+        through a tests/tcpproxy.py proxy. ``leases``: as Worker's (default: a keeper
+        thread of its own)."""
         config = config or make_config(db_dsn)
         if handlers is None:
             handlers = load_handlers(config.handlers.path, config.handlers.types,
@@ -108,7 +109,7 @@ def make_worker(db_dsn):
                          name=f"pgtaskd test {worker_id}")
         pool.open(wait=True, timeout=10)
         worker = Worker(config, pool=pool, handlers=handlers, worker_id=worker_id,
-                        batch_size=batch_size, handler_dsn=dsn or db_dsn)
+                        batch_size=batch_size, handler_dsn=dsn or db_dsn, leases=leases)
         pools.append((pool, worker))
         return worker
 

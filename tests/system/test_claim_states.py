@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 
 import pytest
 
 from conftest import add_task, task_row, wait_until
+from daemon import HANDLER_TYPES, proc_stat
 from executions import read_runs
 
 pytestmark = pytest.mark.slow
@@ -20,12 +22,14 @@ pytestmark = pytest.mark.slow
 pytest_plugins = ["daemon"]
 
 
-def add_batch(conn, log, gate, names: list[tuple[str, str]]) -> None:
-    """Tasks in one transaction, so that one claim takes them all, in this order."""
+def add_batch(conn, log, gate, names: list[tuple[str, str]],
+              seconds: dict | None = None) -> None:
+    """Tasks in one transaction, so that one claim takes them all, in this order; each runs
+    ``seconds[name]`` (default 0)."""
     with conn.transaction():
         for rank, (name, task_type) in enumerate(names):
             add_task(conn, name, task_type,
-                     {"log": str(log), "gate": str(gate), "seconds": 0},
+                     {"log": str(log), "gate": str(gate), "seconds": (seconds or {}).get(name, 0)},
                      priority=100 - rank, max_retries=0)
 
 
@@ -97,3 +101,99 @@ def test_claims_a_child_died_before_telling_of_go_back_free(start_daemon, conn, 
     assert sorted(r["task_id"] for r in read_runs(log)) == ["u1", "u2"]
     assert task_row(conn, "later")["status"] == "RUNNING"
     assert task_row(conn, "later")["claimed_by"] == worker_id
+
+
+def test_a_stopped_childs_other_claims_are_settled_long_before_their_lease(start_daemon,
+                                                                            conn, tmp_path):
+    """A child stopped (SIGSTOP) while a handler of its batch runs: the run it finished before
+    (f1) and the four claims waiting behind (w3..w6) would lapse with the stopped run's lease
+    and each be charged an attempt (with max_retries 0: FAILED, though f1 succeeded and the
+    others never ran). Instead f1 is completed and the four go back free at once, and another
+    child runs them, long before their 3 s lease would have lapsed. Let go again, the stopped
+    child starts none of them. The handler stops its own child, so the stop lands while the
+    four still wait (a batch guard would otherwise give them back itself, and write f1, once
+    the handler had run 0.75 s)."""
+    lease = 3.0
+    log, gate = tmp_path / "runs.log", tmp_path / "gate"
+    waiting = ["w3", "w4", "w5", "w6"]
+    d = start_daemon(lease={"seconds": lease, "renew_interval": 1},
+                     pools={"default": {"processes": 1, "batch_size": 6}})
+    add_batch(conn, log, gate, [("f1", "sleeps"), ("head", "stops_itself")]
+              + [(t, "sleeps") for t in waiting])
+    head = wait_until(lambda: [r for r in read_runs(log) if r["task_id"] == "head"],
+                      message="the stopping handler to start")[0]
+    stopped = head["pid"]
+    worker_id = f"{socket.gethostname()}:{stopped}:default#1"
+    try:
+        wait_until(lambda: proc_stat(stopped)["state"] == "T", message="the child to stop")
+        # A second child, started once the whole batch is the stopped one's, to take them.
+        d.send(signal.SIGTTIN)
+        for t in waiting:
+            d.wait_for("task_released", task_id=t, released=True,
+                       timeout=lease - 1 - (time.monotonic() - head["start"]))
+        settled_after = time.monotonic() - head["start"]
+        d.wait_for("task_completed", task_id="f1", written_by="supervisor", timeout=1)
+        wait_until(lambda: all(task_row(conn, t)["status"] == "COMPLETED" for t in waiting),
+                   timeout=10, message="another child to run the claims given back")
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    # The resumed child writes the head's outcome only once its batch is behind it.
+    wait_until(lambda: d.find("task_completed", task_id="head", worker_id=worker_id)
+               or d.find("stale_result_discarded", task_id="head", worker_id=worker_id),
+               timeout=10, message="the resumed child to be done with its batch")
+    print(f"\nstopped child: its finished run written and its 4 waiting claims given back "
+          f"{settled_after:.2f} s after the stop (lease {lease:g} s)")
+    for t in ["f1"] + waiting:
+        row = task_row(conn, t)
+        assert (row["status"], row["retry_count"]) == ("COMPLETED", 0), row
+    runs = [(r["task_id"], r["pid"]) for r in read_runs(log) if r["task_id"] != "head"]
+    assert sorted(t for t, _ in runs) == ["f1"] + waiting, runs  # each ran once
+    assert all(pid != stopped for t, pid in runs if t != "f1"), \
+        "the stopped child ran a claim given back"
+
+
+def test_a_crash_behind_a_timed_head_is_charged_to_the_crasher(start_daemon, conn, tmp_path):
+    """A batch: a type with a timeout at its head, done in 0.2 s, then a task that kills its
+    own child after 1.5 s, past the head's timeout. The head's timeout ended with its run; the
+    crash is the crasher's, and ends it FAILED after its one retry rather than looping."""
+    types = {**HANDLER_TYPES, "timed": {"handler": "timed_handlers:sleeps", "timeout": 1}}
+    d = start_daemon(handlers={"types": types},
+                     pools={"default": {"processes": 1, "batch_size": 2}})
+    with conn.transaction():
+        add_task(conn, "head", "timed", {"log": str(tmp_path / "runs.log"), "seconds": 0.2},
+                 priority=9, max_retries=0)
+        add_task(conn, "poison", "suicide_later", {"seconds": 1.5}, priority=1, max_retries=1)
+    wait_until(lambda: task_row(conn, "poison")["status"] == "FAILED", timeout=20,
+               message="the crasher to end FAILED")
+    head, poison = task_row(conn, "head"), task_row(conn, "poison")
+    assert (head["status"], head["retry_count"], head["attempts"]) == ("COMPLETED", 0, 1), head
+    assert (poison["status"], poison["retry_count"]) == ("FAILED", 1), poison
+    (first_charge,) = d.find("task_retry_scheduled", task_id="poison")
+    for error in (first_charge["error"], poison["error_message"]):
+        assert "died (SIGKILL" in error, error
+    assert not d.find("task_timed_out"), "a timeout fired on a run that had ended"
+    pids = [pid for (pid,) in conn.execute(
+        "SELECT pid FROM test_runs WHERE task_id = 'poison' ORDER BY at").fetchall()]
+    assert len(pids) == 2 and pids[0] != pids[1], pids
+
+
+def test_a_reload_kill_charges_only_the_started_claim_of_a_batch(start_daemon, conn,
+                                                                  tmp_path):
+    """reload_timeout kills an old child while the head of its batch runs: the head is charged
+    (FAILED, max_retries 0), the two claims waiting behind it go back free, to the new
+    generation."""
+    log, gate = tmp_path / "runs.log", tmp_path / "gate"
+    d = start_daemon(reload_timeout=1, pools={"default": {"processes": 1, "batch_size": 3}})
+    add_batch(conn, log, gate, [("head", "sleeps"), ("w2", "sleeps"), ("w3", "sleeps")],
+              seconds={"head": 30})
+    (head,) = wait_until(lambda: read_runs(log), message="the head of the batch to start")
+    mark = d.mark()
+    d.send(signal.SIGHUP)
+    d.wait_for("worker_exited", since=mark, child_pid=head["pid"], timeout=20)
+    wait_until(lambda: [task_row(conn, t)["status"] for t in ("head", "w2", "w3")]
+               == ["FAILED", "COMPLETED", "COMPLETED"], timeout=20,
+               message="the head charged and the waiting claims run by the new generation")
+    assert "outlasted reload_timeout (1 s)" in task_row(conn, "head")["error_message"]
+    assert [task_row(conn, t)["retry_count"] for t in ("w2", "w3")] == [0, 0]
+    runs = [(r["task_id"], r["pid"]) for r in read_runs(log) if r["task_id"] != "head"]
+    assert sorted(t for t, _ in runs) == ["w2", "w3"] and head["pid"] not in {p for _, p in runs}
