@@ -18,6 +18,7 @@ import textwrap
 
 import psycopg
 
+from .. import __version__
 from ..config import MAX_LIMIT, load_config
 from ..errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError
 from .output import OutputLost
@@ -85,6 +86,7 @@ def _command(commands, name: str, summary: str, description: str, examples: str)
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pgtaskd", description="A task scheduler coordinated by PostgreSQL.",
                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"pgtaskd {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     run = commands.add_parser(

@@ -24,7 +24,7 @@ import select
 import signal
 import time
 
-from .. import proctitle
+from .. import __version__, proctitle
 from . import systemd
 from .child_links import ChildLinks
 from .child_stops import ChildStops
@@ -91,7 +91,8 @@ class Arbiter(ChildStops, Reloading, Shutdown):
         proctitle.supervisor_title(self.config.path)
         self.metrics_dir = prepare_metrics_dir()
         self.install_signals()
-        emit("supervisor_starting", config=str(self.config.path or "(defaults)"),
+        emit("supervisor_starting", version=__version__,
+             config=str(self.config.path or "(defaults)"),
              database=redact_dsn(self.config.database.dsn), pid=os.getpid())
         for warning in self.config.warnings():  # what check-config prints, for who never ran it
             emit("config_warning", logging.WARNING, warning=warning)

@@ -14,6 +14,7 @@ import json
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from .. import __version__
 from ..logs import emit
 from .health import HealthChecker
 from .http_server import BoundedHTTPServer, Response, Route
@@ -73,6 +74,10 @@ class QueueCollector:
                                 value=report.children.expected)
         yield GaugeMetricFamily("pgtaskd_database_up", "1 if the last health check reached PostgreSQL",
                                 value=1 if report.database_ok else 0)
+        build = GaugeMetricFamily("pgtaskd_build_info", "1, labelled with the running version",
+                                  labels=["version"])
+        build.add_metric([__version__], 1)
+        yield build
 
 
 def render_metrics(health: HealthChecker, archive: MetricsArchive) -> Response:

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from supervisor import Client
+from supervisor import Client, __version__
 from cli_runs import (COMMANDS, assert_refused, pgtaskd, shared_conn,  # noqa: F401
                       shared_dsn, write_config)
 
@@ -55,6 +55,8 @@ def test_help_explains_every_command_with_an_example():
     list_help = pgtaskd("list", "--help", dsn=None).stdout
     for option in ("--status", "--type", "--limit"):
         assert option in list_help
+    version = pgtaskd("--version", dsn=None)
+    assert (version.returncode, version.stdout) == (0, f"pgtaskd {__version__}\n")
 
 
 SCHEDULES = {

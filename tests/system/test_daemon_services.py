@@ -12,6 +12,7 @@ from conftest import add_task, task_row, wait_until
 from daemon import cmdline, metric_sum, pid_alive
 from daemon_checks import FINAL, wait_healthz, wait_running_title, wait_status
 from pgcluster import free_port
+from supervisor import __version__
 
 
 pytest_plugins = ["daemon"]
@@ -68,6 +69,8 @@ def test_metrics_counters_equal_the_database_children_that_exited_included(start
                 "tasks_rescued": 2}  # the suicide's two runs, settled by the supervisor
     assert {k: seen[k] for k in expected} == expected, (seen, expected)
     assert seen["worker_restarts"] >= 2, seen
+    assert metric_sum(samples, "pgtaskd_build_info", version=__version__) == 1
+    assert d.find("supervisor_starting")[0]["version"] == __version__
     assert metric_sum(samples, "pgtaskd_tasks_completed_total", task_type="echo") == 12
     assert metric_sum(samples, "pgtaskd_tasks_failed_total", task_type="fail") == 3
     assert metric_sum(samples, "pgtaskd_tasks_failed_total", task_type="permanent") == 2
