@@ -81,6 +81,7 @@ class Arbiter(ChildStops, Reloading, Shutdown):
             .handlers.policy(task_type))
         self.stopped_children = StoppedChildren()
         self.started_at = time.monotonic()
+        self.loop_tick = self.started_at
         from ..maintenance.health import ChildrenStatus
         self.children_snapshot = ChildrenStatus(0, sum(self.targets.values()))
 
@@ -110,6 +111,7 @@ class Arbiter(ChildStops, Reloading, Shutdown):
                 self.services = Services(self.config, dsn, self.metrics_dir,
                                          children=lambda: self.children_view,
                                          children_status=lambda: self.children_snapshot,
+                                         loop_age=lambda: time.monotonic() - self.loop_tick,
                                          on_cancelled=self.on_cancelled,
                                          on_newer_schema=self.on_newer_schema)
                 self.services.start()
@@ -149,6 +151,7 @@ class Arbiter(ChildStops, Reloading, Shutdown):
         self.spawn_generation(self.generation, self.config)
         pass_due: float | None = None  # a pass put off after messages alone
         while True:
+            self.loop_tick = time.monotonic()  # what /livez reads
             timeout = self.next_deadline()
             if pass_due is not None:
                 timeout = min(timeout, max(0.0, pass_due - time.monotonic()))

@@ -111,6 +111,7 @@ class Services:
 
     def __init__(self, config: Config, dsn: str, metrics_dir: str, *,
                  children: Callable[[], Sequence], children_status: Callable,
+                 loop_age: Callable[[], float] = lambda: 0.0,
                  on_cancelled: Callable[[str], None] = lambda task_id: None,
                  on_newer_schema: Callable[[str], None] = lambda reason: None):
         self.config = config
@@ -118,6 +119,7 @@ class Services:
         self.metrics_dir = metrics_dir
         self.children = children
         self.children_status = children_status
+        self.loop_age = loop_age
         self.on_cancelled = on_cancelled
         self.on_newer_schema = on_newer_schema
         self.keeper = None
@@ -155,6 +157,7 @@ class Services:
                                     max_pending_age=config.health.max_pending_age,
                                     lease_grace=max(3 * config.reaper.interval, 10.0),
                                     children=self.children_status,
+                                    task_types=claimed_types(config),
                                     connect_timeout=timeout, pooled=pooled,
                                     on_newer_schema=self.on_newer_schema)
         self.retention = RetentionService(dsn, policy=config.retention, connect_timeout=timeout,
@@ -192,7 +195,7 @@ class Services:
             return
         from ..maintenance.http import MetricsServer
         try:
-            self.http = MetricsServer(address, self.health, self.metrics_archive,
+            self.http = MetricsServer(address, self.health, self.metrics_archive, self.loop_age,
                                       max_connections=self.config.metrics.max_connections,
                                       request_timeout=self.config.metrics.request_timeout)
         except OSError as exc:
@@ -204,6 +207,7 @@ class Services:
         """What a reload may change while the services run."""
         self.keeper.renew_interval = config.lease.renew_interval
         self.keeper.retry = config.retry
+        self.health.task_types = claimed_types(config)
         self.retention.policy = config.retention
         self.retention.interval = config.retention.interval
         self.scheduler.apply(config.schedules, config.handled_types, config.max_payload_bytes)
@@ -216,6 +220,12 @@ class Services:
             self.metrics_archive.stop()
         for thread in self._threads:
             thread.stop()
+
+
+def claimed_types(config: Config) -> frozenset[str]:
+    """The task types this daemon's pools claim: the health check's pending age counts
+    only theirs."""
+    return frozenset(t for pool in config.pools for t in pool.task_types)
 
 
 def count_reaped(row: dict) -> None:

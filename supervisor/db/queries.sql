@@ -755,14 +755,19 @@ RETURNING id;
 -- oldest_pending_age is the oldest task in head that is not paused, exact because head holds
 -- the oldest due tasks; only when head is full and all paused does a second probe read on,
 -- past the paused types' tasks (one lookup each), to the first that is not paused. NULL when
--- no due task of a type not paused waits. A client may schedule a task at -infinity: its
+-- no due task of a type not paused waits.
+-- types: the task types the asking daemon runs, or NULL for every type. A due task of a type
+-- not in it is another daemon's to run: it waits for no fault of this one, so, like a paused
+-- one, it counts apart (foreign_due) and never in old_pending or the age (a liveness probe
+-- on /healthz restarted healthy daemons for it). A client may schedule a task at -infinity: its
 -- wait counts from year 1, so the age stays a number (JSON has no Infinity) and still far
 -- past any max_pending_age. paused_types lists the paused types, in order.
 WITH any_paused AS MATERIALIZED (
-    SELECT EXISTS (SELECT FROM task_type_pauses) AS yes
+    -- "yes" when rows must be looked at one by one: a pause exists, or only some types count.
+    SELECT EXISTS (SELECT FROM task_type_pauses) OR %(types)s::text[] IS NOT NULL AS yes
 ),
 marked AS MATERIALIZED (
-    (SELECT t.scheduled_time, false AS paused
+    (SELECT t.scheduled_time, false AS paused, false AS foreign_type
        FROM tasks AS t
       WHERE t.status = 'PENDING' AND t.scheduled_time <= now()
         AND NOT (SELECT yes FROM any_paused)
@@ -770,7 +775,8 @@ marked AS MATERIALIZED (
       LIMIT %(cap)s + 1)
     UNION ALL
     (SELECT t.scheduled_time,
-            EXISTS (SELECT FROM task_type_pauses AS p WHERE p.task_type = t.task_type)
+            EXISTS (SELECT FROM task_type_pauses AS p WHERE p.task_type = t.task_type),
+            coalesce(NOT t.task_type = ANY(%(types)s::text[]), false)
        FROM tasks AS t
       WHERE t.status = 'PENDING' AND t.scheduled_time <= now()
         AND (SELECT yes FROM any_paused)
@@ -780,14 +786,15 @@ marked AS MATERIALIZED (
 summary AS MATERIALIZED (
     SELECT count(*) > %(cap)s AS head_full,
            count(*) > %(cap)s AND (SELECT yes FROM any_paused) AS paused_at_least,
-           count(*) FILTER (WHERE NOT paused) AS due_pending,
+           count(*) FILTER (WHERE NOT paused AND NOT foreign_type) AS due_pending,
            count(*) FILTER (WHERE paused) AS paused_due,
-           count(*) FILTER (WHERE NOT paused AND scheduled_time
+           count(*) FILTER (WHERE foreign_type AND NOT paused) AS foreign_due,
+           count(*) FILTER (WHERE NOT paused AND NOT foreign_type AND scheduled_time
                                   <= now() - (%(max_pending_age)s * interval '1 second'))
                AS old_in_head,
            bool_and(scheduled_time <= now() - (%(max_pending_age)s * interval '1 second'))
                AS all_old,
-           min(scheduled_time) FILTER (WHERE NOT paused) AS oldest_in_head
+           min(scheduled_time) FILTER (WHERE NOT paused AND NOT foreign_type) AS oldest_in_head
     FROM marked
 ),
 oldest AS MATERIALIZED (
@@ -799,6 +806,7 @@ oldest AS MATERIALIZED (
                       WHERE t.status = 'PENDING' AND t.scheduled_time <= now()
                         AND NOT EXISTS (SELECT 1 FROM task_type_pauses AS p
                                          WHERE p.task_type = t.task_type)
+                        AND coalesce(t.task_type = ANY(%(types)s::text[]), true)
                       ORDER BY t.scheduled_time
                       LIMIT 1)
            END AS oldest
@@ -822,6 +830,7 @@ leases AS (
 SELECT
     summary.due_pending,
     summary.paused_due,
+    summary.foreign_due,
     -- An old task of a type not paused found past a full head of paused ones counts 1.
     CASE WHEN summary.old_in_head = 0 AND oldest.is_old THEN 1
          ELSE summary.old_in_head END AS old_pending,

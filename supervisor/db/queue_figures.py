@@ -39,20 +39,24 @@ def _rows(conn, name: str, params: dict[str, Any]) -> list[dict]:
 
 
 def queue_health(conn, *, max_pending_age: float = 0.0, lease_grace: float = 0.0,
-                 cap: int | None = None) -> dict:
-    """{due_pending, paused_due, old_pending, expired_leases, stuck_leases,
+                 cap: int | None = None, task_types=None) -> dict:
+    """{due_pending, paused_due, foreign_due, old_pending, expired_leases, stuck_leases,
     oldest_pending_age (seconds, or None), paused_types, not_exact}; old and stuck count
-    against the given ages. Due tasks of paused types count only in paused_due. The counts
-    stop past cap (default COUNT_CAP; not_exact names them ``at_least``); the age is always
-    exact."""
+    against the given ages. Due tasks of paused types count only in paused_due, and with
+    ``task_types`` (the types the asking daemon runs) due tasks of other types only in
+    foreign_due. The counts stop past cap (default COUNT_CAP; not_exact names them
+    ``at_least``); the age is always exact."""
     cap = COUNT_CAP if cap is None else cap
-    (row,) = _rows(conn, "queue_health", {"max_pending_age": max_pending_age,
-                                          "lease_grace": lease_grace, "cap": cap})
+    (row,) = _rows(conn, "queue_health", {
+        "max_pending_age": max_pending_age, "lease_grace": lease_grace, "cap": cap,
+        "types": None if task_types is None else sorted(task_types)})
     not_exact = {}
     if row.pop("head_full"):
         not_exact["due_pending"] = AT_LEAST
     if row.pop("paused_at_least"):
         not_exact["paused_due"] = AT_LEAST
+        if task_types is not None:
+            not_exact["foreign_due"] = AT_LEAST
     if row.pop("old_pending_at_least"):
         not_exact["old_pending"] = AT_LEAST
     if row.pop("leases_at_least"):

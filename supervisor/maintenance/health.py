@@ -30,6 +30,7 @@ from .service import PeriodicService
 # queue_health's figures -> where as_json() puts them.
 QUEUE_FIGURES = {"old_pending": "checks.pending_age.old_pending",
                  "paused_due": "checks.pending_age.paused_due",
+                 "foreign_due": "checks.pending_age.other_types_due",
                  "expired_leases": "checks.expired_leases.expired",
                  "stuck_leases": "checks.expired_leases.unreaped"}
 
@@ -51,6 +52,8 @@ class HealthReport:
     oldest_pending_age: float = 0.0
     # Due tasks of paused types, left out of old_pending and oldest_pending_age.
     paused_due: int = 0
+    # Due tasks of types this daemon does not run, likewise left out.
+    foreign_due: int = 0
     paused_types: tuple[str, ...] = ()
     # Global concurrency limits: task type -> (max_running, running under a live lease).
     limits: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -93,7 +96,8 @@ class HealthReport:
                 "database": {"ok": self.database_ok, "error": self.database_error},
                 "pending_age": {"ok": not self.old_pending, "old_pending": self.old_pending,
                                 "oldest_pending_age_seconds": round(self.oldest_pending_age, 3),
-                                "paused_due": self.paused_due},
+                                "paused_due": self.paused_due,
+                                "other_types_due": self.foreign_due},
                 "expired_leases": {"ok": not self.stuck_leases, "expired": self.expired_leases,
                                    "unreaped": self.stuck_leases},
                 "children": {"ok": self.children.live >= self.children.expected
@@ -115,7 +119,8 @@ class HealthChecker(PeriodicService):
     name_prefix = "health"
 
     def __init__(self, dsn: str, *, interval: float, max_pending_age: float, lease_grace: float,
-                 children: Callable[[], ChildrenStatus], connect_timeout: float = 5.0,
+                 children: Callable[[], ChildrenStatus], task_types=None,
+                 connect_timeout: float = 5.0,
                  pooled: bool = False,
                  on_newer_schema: Callable[[str], None] = lambda reason: None):
         super().__init__(dsn, interval, connect_timeout=connect_timeout, pooled=pooled)
@@ -123,6 +128,9 @@ class HealthChecker(PeriodicService):
         self.max_pending_age = max_pending_age
         self.lease_grace = lease_grace
         self.children = children
+        # The types this daemon runs (None: every type): another daemon's due tasks are not
+        # this one's backlog. Replaced whole on a reload.
+        self.task_types = task_types
         self._lock = threading.Lock()
         self._latest = HealthReport(database_ok=False, database_error="not checked yet")
 
@@ -141,7 +149,8 @@ class HealthChecker(PeriodicService):
         if newer:
             self.on_newer_schema(newer)
         queue = store.queue_health(conn, max_pending_age=self.max_pending_age,
-                                   lease_grace=self.lease_grace, cap=HEALTH_COUNT_CAP)
+                                   lease_grace=self.lease_grace, cap=HEALTH_COUNT_CAP,
+                                   task_types=self.task_types)
         live = store.live_counts(conn, cap=HEALTH_COUNT_CAP)
         limits = {row["task_type"]: (row["max_running"], row["running"])
                   for row in store.list_limits(conn)}
@@ -152,7 +161,8 @@ class HealthChecker(PeriodicService):
             database_ok=True, old_pending=queue["old_pending"],
             expired_leases=queue["expired_leases"], stuck_leases=queue["stuck_leases"],
             oldest_pending_age=queue["oldest_pending_age"] or 0.0, tasks_by_status=live.counts,
-            paused_due=queue["paused_due"], paused_types=tuple(queue["paused_types"]),
+            paused_due=queue["paused_due"], foreign_due=queue["foreign_due"],
+            paused_types=tuple(queue["paused_types"]),
             finished_estimated=any(s in live.not_exact for s in FINISHED_STATUSES),
             not_exact=not_exact, limits=limits, children=self.children(),
         )

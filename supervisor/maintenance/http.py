@@ -10,6 +10,7 @@ per-process files.
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -89,6 +90,21 @@ def render_metrics(health: HealthChecker, archive: MetricsArchive) -> Response:
     return Response(200, CONTENT_TYPE_LATEST, generate_latest(registry))
 
 
+# The supervisor's loop passes at least every half second; a loop silent this long is
+# stuck (a deadlock, a freeze), whatever the database and the queue say.
+LIVENESS_WINDOW = 15.0
+
+
+def render_livez(loop_age: Callable[[], float]) -> Response:
+    """Liveness apart from readiness: the process answers and its main loop turns. Nothing
+    about the database or the queue, so a probe restarts only a daemon that is stuck."""
+    age = loop_age()
+    alive = age < LIVENESS_WINDOW
+    body = {"status": "alive" if alive else "stuck", "loop_age_seconds": round(age, 3)}
+    return Response(200 if alive else 503, "application/json",
+                    json.dumps(body).encode() + b"\n")
+
+
 def render_healthz(health: HealthChecker) -> Response:
     body = health.latest().as_json()
     code = 200 if body["status"] == "ok" else 503
@@ -105,11 +121,14 @@ class MetricsServer:
     """/metrics and /healthz on a BoundedHTTPServer (see http_server.py for its limits)."""
 
     def __init__(self, address: tuple[str, int], health: HealthChecker,
-                 archive: MetricsArchive, *, max_connections: int, request_timeout: float):
+                 archive: MetricsArchive, loop_age: Callable[[], float] = lambda: 0.0, *,
+                 max_connections: int, request_timeout: float):
         routes = {
-            # Reads a file per process: a render thread. /healthz reads memory: the loop.
+            # Reads a file per process: a render thread. The others read memory: the loop.
             "/metrics": Route(lambda: render_metrics(health, archive), blocking=True),
             "/healthz": Route(lambda: render_healthz(health)),
+            "/readyz": Route(lambda: render_healthz(health)),
+            "/livez": Route(lambda: render_livez(loop_age)),
         }
         self.server = BoundedHTTPServer(address, routes, max_connections=max_connections,
                                         request_timeout=request_timeout, on_drop=count_drop)

@@ -8,6 +8,7 @@ have taken them first (the seed's order) and never reached the canary.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -94,3 +95,24 @@ def test_resume_wakes_idle_workers_of_a_daemon_that_polls_every_30_s(start_daemo
                message="the resumed tasks to complete")
     took = time.monotonic() - resumed
     assert took < 3.0, f"completed {took:.2f} s after the resume: no wake-up, only the poll"
+
+
+def test_another_daemons_backlog_fails_neither_readiness_nor_liveness(start_daemon, conn):
+    """18.4: a due task of a type this daemon has no handler for made /healthz 503, and a
+    liveness probe on it would have restarted a healthy daemon. It counts apart, like a
+    paused type's; /livez says only whether the process and its loop turn."""
+    port = free_port()
+    d = start_daemon(health={"interval": 0.2, "max_pending_age": 5},
+                     metrics={"listen": f"127.0.0.1:{port}"})
+    conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) "
+                 "SELECT 'theirs-' || g, 'n', 'nobody-here-runs-this', "
+                 "now() - interval '1 hour' FROM generate_series(1, 3) g")
+    report = wait_until(lambda: (lambda r: r[1] if r[1]["checks"]["pending_age"].get(
+        "other_types_due") == 3 else None)(d.healthz()), message="the check to count them")
+    code, report = d.healthz()
+    assert code == 200, report["failing"]
+    assert report["checks"]["pending_age"]["old_pending"] == 0
+    code, body = d.http_get("/livez")
+    live = json.loads(body)
+    assert (code, live["status"]) == (200, "alive") and live["loop_age_seconds"] < 2
+    assert d.http_get("/readyz")[0] == 200

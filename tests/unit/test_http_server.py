@@ -92,3 +92,13 @@ def test_at_the_cap_a_new_client_replaces_an_idle_one_but_not_a_young_one(server
     finally:
         for sock in idle:
             sock.close()
+
+
+def test_livez_is_503_once_the_supervisors_loop_has_not_turned_for_the_window():
+    import json
+
+    from supervisor.maintenance.http import LIVENESS_WINDOW, render_livez
+
+    assert render_livez(lambda: 0.4).status == 200
+    stuck = render_livez(lambda: LIVENESS_WINDOW + 1)
+    assert stuck.status == 503 and json.loads(stuck.body)["status"] == "stuck"
