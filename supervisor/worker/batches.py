@@ -48,7 +48,7 @@ class BatchRunning:
     _done: list[Done]
     _guard: threading.Thread | None
     # Its methods call the Worker's execute, _fields and handler_connection, and Settling's
-    # _record, _finalize and _write_completions.
+    # _record, _finalize, _end_lost and _write_completions.
 
     def run_batch(self, batch: list[tuple[Task, int]]) -> None:
         """Run a claimed batch in order. On a stop, the running task finishes and what never
@@ -131,12 +131,17 @@ class BatchRunning:
         if not batch:
             return
         pairs = [(task.id, token) for task, token in batch]
+        fields = {"worker_id": self.worker_id, "pool": self.pool_name}
         released = self._finalize(lambda conn: store.release_tasks(conn, pairs),
                                   store.Claim(pairs[0][0], self.worker_id, pairs[0][1]),
-                                  {"worker_id": self.worker_id, "pool": self.pool_name,
-                                   "tasks": len(pairs)}) or set()
-        emit("batch_released", worker_id=self.worker_id, pool=self.pool_name, reason=reason,
-             tasks=len(pairs), released=len(released))
+                                  {**fields, "tasks": len(pairs)})
+        if released is not None:
+            # Those not released were lost while they waited (a cancel): they never ran.
+            self._end_lost([store.Claim(task.id, self.worker_id, token)
+                            for task, token in batch if task.id not in released], fields)
+        released = released or set()
+        emit("batch_released", reason=reason, tasks=len(pairs), released=len(released),
+             **fields)
         for task, token in batch:
             self._record(token, Outcome("released"), task, None)
         # Another worker may claim them at once: renewed in our name meanwhile, the
