@@ -147,12 +147,13 @@ def test_a_cancelled_run_holds_its_slot_until_its_handler_ends_then_gives_it_bac
     assert task_row(conn, "t0")["status"] == "CANCELLED"
 
 
-@pytest.mark.parametrize("settled_by", ["its_turn", "the_batch_guard"])
+@pytest.mark.parametrize("worker_hears", ["at_once", "after_the_batch_guard"])
 def test_a_claim_cancelled_while_it_waits_in_a_batch_never_runs_and_gives_its_slot_back(
-        conn, db_dsn, make_worker, events, settled_by):
-    """The waiting claim's slot goes back with what settles it: the loop reaching it (it
-    does not start), or the batch guard giving it back behind a slow handler (the release
-    changes nothing, the claim having ended)."""
+        conn, db_dsn, make_worker, events, worker_hears):
+    """A claim waiting in a batch behind a slow handler will never start once it is
+    cancelled: the worker settles it as soon as it hears, giving its slot back while the
+    handler ahead still runs; and if the batch guard gives the batch back first, that
+    release changes nothing (the claim ended) and the slot goes back with it too."""
     store.set_task_type_limit(conn, "gated", 2, updated_by="test")
     ran, go_on = [], threading.Event()
 
@@ -160,19 +161,25 @@ def test_a_claim_cancelled_while_it_waits_in_a_batch_never_runs_and_gives_its_sl
         ran.append(task.id)
         go_on.wait(10)
 
-    worker = make_worker(make_config(db_dsn, lease={"seconds": 30, "renew_interval": 0.3}),
+    renew = 0.3 if worker_hears == "at_once" else 10
+    worker = make_worker(make_config(db_dsn, lease={"seconds": 30, "renew_interval": renew}),
                          handlers={"gated": gated}, batch_size=2)
+    if worker_hears == "at_once":
+        worker.batch_hold = 10.0  # the guard's give-back would free the slot too, later
     add_task(conn, "t0", task_type="gated", priority=1, max_retries=0)
     add_task(conn, "t1", task_type="gated", max_retries=0)
     runner = threading.Thread(target=lambda: run_until_idle(worker))
     runner.start()
     try:
         wait_until(lambda: ran == ["t0"], message="the batch's first run")
+        assert held_slots(conn) == ["t0", "t1"]
         assert store.cancel_task(conn, "t1") is True
-        wait_until(lambda: events.of("task_cancelled"), message="the worker to hear of it")
-        if settled_by == "the_batch_guard":
+        if worker_hears == "at_once":
+            wait_until(lambda: events.of("task_cancelled"), message="the worker to hear of it")
+        else:
             wait_until(lambda: events.of("batch_released"), message="the guard's release")
-            assert held_slots(conn) == ["t0"]
+        wait_until(lambda: held_slots(conn) == ["t0"], timeout=2,
+                   message="t1's slot back while t0 still runs")
     finally:
         go_on.set()
         runner.join(10)
