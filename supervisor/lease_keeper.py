@@ -12,8 +12,11 @@ supervisor/daemon/stopped_children.py).
 
 The same thread settles claims whose holder is gone, through a queue the main loop fills:
 a dead child's claim counts as a failed attempt at once, a claim the supervisor stopped on
-purpose is released without spending a retry. The main loop never waits on the database;
-a settling pass stops at the first connection error and is retried with backoff.
+purpose is released without spending a retry. A claim the keeper found lost (cancelled) is
+remembered until its holder settles it: should the holder die first, the slot the cancel
+left that claim (a limited type's, held while its handler ran) is given back then. The main
+loop never waits on the database; a settling pass stops at the first connection error and
+is retried with backoff.
 
 ``LeaseKeeper`` serves an in-process worker (``pgtaskd worker``, the tests) the same way,
 with a holder that updates the worker's tasks directly.
@@ -120,6 +123,8 @@ class LeaseKeeper(threading.Thread):
                                   application_name=application_name, pooled=pooled)
         self._wakeup = threading.Condition()
         self._held: dict[int, Held] = {}
+        # Claims found lost (cancelled, taken over) that their holder has not settled yet.
+        self._lost: dict[int, Held] = {}
         self._settlements: collections.deque[Settlement] = collections.deque()
         self._settle_at = 0.0
         self._settle_failures = 0
@@ -148,14 +153,19 @@ class LeaseKeeper(threading.Thread):
         with self._wakeup:
             for token in tokens:
                 self._held.pop(token, None)
+                self._lost.pop(token, None)
 
     def drop_holder(self, holder: Holder) -> list[Held]:
-        """Stop renewing everything ``holder`` held; returns those claims."""
+        """Stop renewing everything ``holder`` held; returns those claims, with those it lost
+        and had not settled yet (their runs are over too)."""
         with self._wakeup:
             claims = [h for h in self._held.values() if h.holder is holder]
             for held in claims:
                 del self._held[held.token]
-        return claims
+            lost = [h for h in self._lost.values() if h.holder is holder]
+            for held in lost:
+                del self._lost[held.token]
+        return claims + lost
 
     def settle(self, kind: str, claims: Sequence[Held], reason: str) -> None:
         if not claims:
@@ -163,6 +173,7 @@ class LeaseKeeper(threading.Thread):
         with self._wakeup:
             for held in claims:
                 self._held.pop(held.token, None)
+                self._lost.pop(held.token, None)
             self._settlements.append(Settlement(kind, tuple(claims), reason))
             self._wakeup.notify()
 
@@ -266,7 +277,9 @@ class LeaseKeeper(threading.Thread):
                     held.due = sent_at + held.renew_interval
                     by_holder.setdefault(id(held.holder), (held.holder, []))[1].append(held.token)
             for held in lost:
-                self._held.pop(held.token, None)
+                if self._held.get(held.token) is held:
+                    del self._held[held.token]
+                    self._lost[held.token] = held
         for holder, tokens in by_holder.values():
             holder.renewed(tokens, expires_at)
         for held in due:
@@ -337,20 +350,23 @@ class LeaseKeeper(threading.Thread):
             self._settle_failures = 0
 
     def _settle_one(self, conn, settlement: Settlement) -> None:
+        if settlement.kind == "unheard":
+            self._settle_unheard(conn, settlement.unheard, settlement.reason)
+            return
         if settlement.kind == "release":
             released = store.release_tasks(conn, [(h.task_id, h.token) for h in settlement.claims])
             for held in settlement.claims:
                 emit("task_released", task_id=held.task_id, task_type=held.task_type,
                      released=held.task_id in released, pool=held.pool)
-            return
-        if settlement.kind == "complete":
-            self._complete(conn, settlement.claims)
-            return
-        if settlement.kind == "unheard":
-            self._settle_unheard(conn, settlement.unheard, settlement.reason)
-            return
-        for held in settlement.claims:
-            self._rescue(conn, held, settlement.reason)
+            unsettled = [h for h in settlement.claims if h.task_id not in released]
+        elif settlement.kind == "complete":
+            unsettled = self._complete(conn, settlement.claims)
+        else:
+            unsettled = [held for held in settlement.claims
+                         if not self._rescue(conn, held, settlement.reason)]
+        # Lost before their holder died (a cancel): their runs are over now, and so is the
+        # hold on the slot the cancel left them.
+        store.end_lost_claims(conn, [(h.task_id, h.token) for h in unsettled])
 
     def _settle_unheard(self, conn, unheard: Unheard, reason: str) -> None:
         from .claim_board import FINISHED, STARTED
@@ -376,8 +392,10 @@ class LeaseKeeper(threading.Thread):
             if claims:
                 self._settle_one(conn, Settlement(kind, tuple(claims), reason))
 
-    def _complete(self, conn, claims: Sequence[Held]) -> None:
+    def _complete(self, conn, claims: Sequence[Held]) -> list[Held]:
+        """Write these completions; the claims whose write changed nothing."""
         # One statement per worker id: the completion is conditioned on each claim's owner.
+        unsettled = []
         by_worker: dict[str, list[Held]] = {}
         for held in claims:
             by_worker.setdefault(held.worker_id, []).append(held)
@@ -387,17 +405,20 @@ class LeaseKeeper(threading.Thread):
                 if held.token not in landed:
                     emit("rescue_skipped", task_id=held.task_id, task_type=held.task_type,
                          reason="the claim was already settled or lost")
+                    unsettled.append(held)
                     continue
                 metrics.TASKS_COMPLETED.labels(held.pool, held.task_type).inc()
                 emit("task_completed", task_id=held.task_id, task_type=held.task_type,
                      worker_id=held.worker_id, pool=held.pool, written_by="supervisor")
+        return unsettled
 
-    def _rescue(self, conn, held: Held, reason: str) -> None:
+    def _rescue(self, conn, held: Held, reason: str) -> bool:
+        """Count the dead child's run as a failed attempt; False if the claim had ended."""
         row = store.rescue_task(conn, held.task_id, held.token, error=reason, retry=self.retry)
         if row is None:
             emit("rescue_skipped", task_id=held.task_id, task_type=held.task_type,
                  reason="the claim was already settled or lost")
-            return
+            return False
         metrics.TASKS_RESCUED.labels(held.pool, held.task_type).inc()
         if row["status"] == "FAILED":
             metrics.TASKS_FAILED.labels(held.pool, held.task_type).inc()
@@ -409,4 +430,4 @@ class LeaseKeeper(threading.Thread):
                  task_type=held.task_type, retry_count=row["retry_count"],
                  retry_delay=round(row["retry_delay"], 3), error=reason, rescued=True,
                  pool=held.pool)
-
+        return True

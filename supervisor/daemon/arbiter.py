@@ -380,7 +380,9 @@ class Arbiter(ChildStops, Reloading, Shutdown):
         completed; the run it was in counts as a failed attempt at once (no waiting for the
         lease to expire), unless we stopped it on purpose (a shutdown): then it is released;
         a claim it never started goes back without spending a retry. So do the claims it
-        made and died before telling us of."""
+        made and died before telling us of. A claim cancelled before it died (its cancel:
+        kill, say) is settled with the others: its write changes nothing, and the slot the
+        cancel left it for its run goes back (lease_keeper)."""
         # Not imported at the top: it imports prometheus_client, which must wait until the
         # metrics directory is set.
         from ..lease_keeper import Unheard

@@ -436,7 +436,9 @@ WHERE EXISTS (SELECT 1 FROM staged_now JOIN unpaused USING (task_type) WHERE sta
 --   rechecked, so a claim that a cancel or a final write ended meanwhile is left out), as
 --   every final write locks a task's row before its slot's: a renewal never holds a slot row
 --   that a final write waits for while it waits for that write's task row. Only the owned
---   claims' slots are renewed: a claim that ended keeps no slot.
+--   claims' slots are renewed: a claim that ended renews no slot. (A claim cancelled while
+--   its handler runs keeps its slot until that run is over, cancel_task, but only for the
+--   lease it had: if its owner never says the run ended, the slot is free a lease later.)
 WITH owned AS MATERIALIZED (
     SELECT t.id, t.task_type, t.slot, t.lease_token FROM tasks AS t
     WHERE t.id = ANY(%(ids)s::text[])
@@ -515,8 +517,8 @@ SELECT id FROM released;
 -- name: fail_attempt
 -- A failed run: back to PENDING after the backoff, or FAILED once max_retries retries were
 -- spent (max_retries 3 means 4 runs in all) or at once when the failure is permanent. The run
--- is over: its slot (a limited type) is given back. (A claim lost meanwhile gave its slot up
--- with its lease.)
+-- is over: its slot (a limited type) is given back. (A claim lost meanwhile changes no row
+-- here: a slot a cancel left it goes back through end_lost_claims, else with its lease.)
 WITH failed AS (
     UPDATE tasks AS t
     SET
@@ -696,36 +698,62 @@ WHERE t.id = ANY(ARRAY(SELECT id FROM doomed))
   AND t.status = %(status)s;
 
 -- name: cancel_task
--- A cancel ends a running claim: its slot (a limited type) is given back at once, so that
--- the next task of the type may run now rather than when the lease would have run out.
--- target reads the claim's token (which the cancel clears) from the row it locks.
-WITH target AS (
-    SELECT id, task_type, slot, lease_token FROM tasks
-    WHERE id = %(task_id)s
-      AND status IN ('PENDING', 'RUNNING')
+-- A cancel ends the claim of a RUNNING task, but not its run: the handler runs on until it
+-- sees the cancel at a safe point (or its child is killed), so the claim's slot (a limited
+-- type) stays held under the claim's token until that run is over: given back by the owner
+-- when its handler stopped (end_lost_claims), by the supervisor once the child is dead, or
+-- when the slot's lease runs out (no renewal extends it: the task is no longer RUNNING).
+-- Freed here, the next task of the type started while this one still ran. The task row
+-- keeps naming its slot, which is how end_lost_claims finds it.
+UPDATE tasks AS t
+SET
+    status = 'CANCELLED',
+    claimed_by = NULL,
+    lease_token = NULL,
+    lease_until = NULL,
+    finished_at = now(),
+    updated_at = now()
+WHERE t.id = %(task_id)s
+  AND t.status IN ('PENDING', 'RUNNING')
+RETURNING t.id, t.status;
+
+-- name: end_lost_claims
+-- The runs of claims their owner lost are over: their handlers stopped, or the child that
+-- ran them is dead. A claim cancelled while RUNNING kept its slot for its run (cancel_task);
+-- that slot is given back now, if it is still held under the claim's token. A claim still
+-- RUNNING under its token is not lost, and keeps its slot for its owner's final write; a
+-- slot another claim took since holds another token and is left alone.
+-- target: the tasks, their rows locked first (in id order, as a renewal's index scan locks
+--   its rows), as every final write locks a task's row before its slot's, so that no two
+--   statements wait for each other in a cycle.
+-- The slot is looked for among its type's (the primary key's first column), not by the
+-- task row's slot alone: an operator's retry of a cancelled task may have claimed it again
+-- in another slot while the cancelled run was still stopping.
+-- Returns each task's status and token as they are now (task_status), so that the owner
+-- learns what ended the claim from the same round trip.
+WITH target AS MATERIALIZED (
+    SELECT t.id, t.task_type, t.status, t.lease_token FROM tasks AS t
+    WHERE t.id = ANY(%(ids)s::text[])
+    ORDER BY t.id
     FOR UPDATE
 ),
-cancelled AS (
-    UPDATE tasks AS t
-    SET
-        status = 'CANCELLED',
-        claimed_by = NULL,
-        lease_token = NULL,
-        lease_until = NULL,
-        finished_at = now(),
-        updated_at = now()
-    FROM target
-    WHERE t.id = target.id
-    RETURNING t.id, t.status, target.task_type, target.slot, target.lease_token AS ended_token
+ended AS MATERIALIZED (
+    SELECT target.id, target.task_type, asked.token
+    FROM unnest(%(ids)s::text[], %(tokens)s::bigint[]) AS asked(id, token)
+    JOIN target ON target.id = asked.id
+    WHERE target.status <> 'RUNNING' OR target.lease_token IS DISTINCT FROM asked.token
 ),
 given_back AS (
     UPDATE task_type_slots AS s
     SET task_id = NULL, lease_token = NULL, lease_until = NULL
-    FROM cancelled
-    WHERE s.task_type = cancelled.task_type AND s.slot = cancelled.slot
-      AND s.lease_token = cancelled.ended_token
+    FROM ended
+    WHERE s.task_type = ended.task_type
+      AND s.task_id = ended.id
+      AND s.lease_token = ended.token
+      -- Evaluated whole before the first slot row is locked: every target row is locked then.
+      AND s.lease_token = ANY(ARRAY(SELECT e.token FROM ended AS e))
 )
-SELECT id, status FROM cancelled;
+SELECT id, status, lease_token FROM target;
 
 -- name: get_task
 SELECT * FROM tasks WHERE id = %(task_id)s;
@@ -1216,7 +1244,10 @@ ORDER BY l.task_type;
 -- SQL may delete slot rows or write any value into them (a slot held 'infinity', a holder
 -- that does not exist); nothing else repairs them, and a limited type would stall for good.
 -- seen: the held slot rows as this statement's snapshot has them, each with whether its
---   holder still runs under the slot's token, and the end of that holder's lease.
+--   holder still runs under the slot's token, and the end of that holder's lease. A task
+--   cancelled while it ran still runs until its handler stops (cancel_task): it holds the
+--   slot its row names while the slot's lease lasts, bounded by the cancel plus the longest
+--   lease a config allows (%(max_lease_seconds)s), since its own lease was cleared.
 -- fixed: a slot whose claim ended, or whose task is gone, is freed; a slot whose lease ends
 --   after its task's (or never) is bounded by the task's lease: a slot never outlives its
 --   claim's lease. Each row is changed only as seen: a claim or a renewal that changed it
@@ -1238,10 +1269,16 @@ WITH limited AS MATERIALIZED (
 seen AS MATERIALIZED (
     SELECT s.task_type, s.slot, s.task_id, s.lease_token, s.lease_until,
            t.id IS NOT NULL AS holder_runs,
-           coalesce(t.lease_until, '-infinity') AS bound
+           CASE WHEN t.status = 'RUNNING' THEN coalesce(t.lease_until, '-infinity')
+                -- least(..., now()): no finished_at a client wrote overflows the sum.
+                ELSE least(coalesce(t.finished_at, now()), now())
+                     + (%(max_lease_seconds)s * interval '1 second') END AS bound
     FROM task_type_slots AS s
     LEFT JOIN tasks AS t
-      ON t.id = s.task_id AND t.status = 'RUNNING' AND t.lease_token = s.lease_token
+      ON t.id = s.task_id
+     AND ((t.status = 'RUNNING' AND t.lease_token = s.lease_token)
+          OR (t.status = 'CANCELLED' AND t.task_type = s.task_type AND t.slot = s.slot
+              AND s.lease_token IS NOT NULL AND s.lease_until > now()))
     WHERE s.task_id IS NOT NULL
       AND (%(task_types)s::text[] IS NULL OR s.task_type = ANY(%(task_types)s::text[]))
 ),

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import psycopg
 from psycopg.types.json import Jsonb
 
-from ..config import FINISHED_STATUSES, MAX_LIMIT, RetryConfig
+from ..config import FINISHED_STATUSES, MAX_LIMIT, MAX_SECONDS, RetryConfig
 from .loaders import TimeLoader, TimeOrNone, TimeOrText, cursor
 from .queries import QUERIES
 # The queue's figures for the health check and stats (re-exported: callers use store.*).
@@ -214,8 +214,20 @@ def delete_finished_tasks(conn, *, status: str, older_than_seconds: float,
 
 
 def cancel_task(conn, task_id: str) -> bool:
-    """True if the task was PENDING or RUNNING and is now CANCELLED."""
+    """True if the task was PENDING or RUNNING and is now CANCELLED. A RUNNING task's slot
+    (a limited type) stays held until its run is over (end_lost_claims)."""
     return _one(conn, "cancel_task", {"task_id": task_id}) is not None
+
+
+def end_lost_claims(conn, claims: Sequence[tuple[str, int]]) -> dict[str, dict]:
+    """The runs of these lost claims ((task_id, token) pairs) are over: give back the slots
+    still held under them (a claim cancelled while it ran). task id -> {status, lease_token}
+    of those tasks that still exist, as task_status reads them."""
+    if not claims:
+        return {}
+    rows = _all(conn, "end_lost_claims", {"ids": [c[0] for c in claims],
+                                          "tokens": [c[1] for c in claims]})
+    return {row["id"]: row for row in rows}
 
 
 def get_task(conn, task_id: str) -> dict | None:
@@ -342,7 +354,7 @@ def repair_limit_slots(conn, task_types: Sequence[str] | None = None) -> dict:
     restored_free}: how many rows each way."""
     return _one(conn, "repair_limit_slots", {
         "task_types": None if task_types is None else list(task_types),
-        "max_limit": MAX_LIMIT})
+        "max_limit": MAX_LIMIT, "max_lease_seconds": MAX_SECONDS})
 
 
 @contextlib.contextmanager

@@ -48,7 +48,7 @@ class BatchRunning:
     _done: list[Done]
     _guard: threading.Thread | None
     # Its methods call the Worker's execute, _fields and handler_connection, and Settling's
-    # _record, _finalize and _write_completions.
+    # _record, _finalize, _end_lost, _stopped_by_cancel and _write_completions.
 
     def run_batch(self, batch: list[tuple[Task, int]]) -> None:
         """Run a claimed batch in order. On a stop, the running task finishes and what never
@@ -131,12 +131,17 @@ class BatchRunning:
         if not batch:
             return
         pairs = [(task.id, token) for task, token in batch]
+        fields = {"worker_id": self.worker_id, "pool": self.pool_name}
         released = self._finalize(lambda conn: store.release_tasks(conn, pairs),
                                   store.Claim(pairs[0][0], self.worker_id, pairs[0][1]),
-                                  {"worker_id": self.worker_id, "pool": self.pool_name,
-                                   "tasks": len(pairs)}) or set()
-        emit("batch_released", worker_id=self.worker_id, pool=self.pool_name, reason=reason,
-             tasks=len(pairs), released=len(released))
+                                  {**fields, "tasks": len(pairs)})
+        if released is not None:
+            # Those not released were lost while they waited (a cancel): they never ran.
+            self._end_lost([store.Claim(task.id, self.worker_id, token)
+                            for task, token in batch if task.id not in released], fields)
+        released = released or set()
+        emit("batch_released", reason=reason, tasks=len(pairs), released=len(released),
+             **fields)
         for task, token in batch:
             self._record(token, Outcome("released"), task, None)
         # Another worker may claim them at once: renewed in our name meanwhile, the
@@ -148,12 +153,26 @@ class BatchRunning:
     def _guard_batches(self) -> None:
         """Give back a batch's waiting tasks, and write its finished completions, once the
         handler running ahead of them has taken longer than batch_hold; on a stop, give the
-        waiting ones back at once, however long the running one takes."""
+        waiting ones back at once, however long the running one takes. A waiting claim the
+        worker hears it lost (a cancel) is settled at once: it will never start, and the
+        slot a cancel left it (a limited type) goes back now, not when its turn comes."""
         while True:
             with self._batch:
                 if self.stop_event.is_set():
                     waiting, self._waiting = list(self._waiting), collections.deque()
                     break
+                lost = [(task, token) for task, token in self._waiting
+                        if task.cancel_reason is not None]
+                if lost:
+                    self._waiting = collections.deque(
+                        (task, token) for task, token in self._waiting
+                        if task.cancel_reason is None)
+            if lost:
+                self._settle_lost_waiting(lost)
+                continue
+            with self._batch:
+                if self.stop_event.is_set():
+                    continue
                 since = self._running_since
                 if since is None or not (self._waiting or self._done):
                     self._batch.wait(GUARD_POLL)
@@ -171,4 +190,10 @@ class BatchRunning:
         # The running task's completion, and those before it, are the loop's to write when
         # it stops.
         self._give_back(waiting, reason="the worker is stopping")
+
+    def _settle_lost_waiting(self, lost: list[tuple[Task, int]]) -> None:
+        for task, token in lost:
+            claim = store.Claim(task.id, self.worker_id, token)
+            self._record(token, self._stopped_by_cancel(claim, task, self._fields(task)), task,
+                         0.0)
 

@@ -121,6 +121,9 @@ class Worker(BatchRunning, ConcurrentRunning, Settling):
             if timed_out:
                 task.timed_out = reason
             task.mark_lost(reason)
+            # The batch guard settles a lost claim still waiting in the batch.
+            with self._batch:
+                self._batch.notify_all()
 
     def on_wake(self) -> None:
         self.wake_event.set()

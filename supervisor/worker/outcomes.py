@@ -3,7 +3,9 @@ claim's fencing token, and what the outcome counts and logs.
 
 A run that succeeded waits (as a Done) for its completion to ride on the next claim, or on a
 flush; a failure, a cancellation or a stale result is written at once. A final write that
-changes no row means the claim was lost: the result is dropped and logged as stale.
+changes no row means the claim was lost: the result is dropped and logged as stale. A claim
+lost to a cancel kept its slot (a limited type) while its handler ran; once the run is over,
+end_lost_claims gives it back.
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ class Settling:
         if missing and check_own:
             # A retried write: an earlier try may have landed with its answer lost.
             landed = set(landed) | self._own_writes([d.claim for d in missing])
+        lost = [d for d in done if d.claim.token not in landed]
+        if lost:
+            self._end_lost([d.claim for d in lost], lost[0].fields)
         settled = []
         count_by_type(metrics.TASKS_COMPLETED, self.pool_name,
                (item.task for item in done if item.claim.token in landed))
@@ -153,6 +158,7 @@ class Settling:
         if result is None:
             return Outcome("lost")
         if not result:
+            self._end_lost([claim], fields)
             return self._stale(claim, task, fields, "failed")
         if isinstance(result, AlreadyWritten):
             result = {"status": result.row["status"], "retry_count": result.row["retry_count"],
@@ -185,8 +191,10 @@ class Settling:
         return self._stopped_by_cancel(claim, task, fields)
 
     def _stopped_by_cancel(self, claim, task, fields) -> Outcome:
-        """The handler stopped at a safe point because the task was no longer ours."""
-        row = self._finalize(lambda conn: store.task_status(conn, claim.task_id), claim, fields)
+        """The handler stopped at a safe point because the task was no longer ours (or never
+        started): its run is over, which gives back the slot a cancel left it."""
+        row = self._finalize(lambda conn: store.end_lost_claims(
+            conn, [(claim.task_id, claim.token)]).get(claim.task_id), claim, fields)
         still_ours = bool(row) and row["status"] == "RUNNING" and row["lease_token"] == claim.token
         if still_ours:
             # Our clock said the lease ran out while the database was away, yet nobody took
@@ -200,6 +208,14 @@ class Settling:
         metrics.TASKS_CANCELLED.labels(self.pool_name, task.task_type).inc()
         emit("task_cancelled", reason=task.cancel_reason, stopped_by_handler=True, **fields)
         return Outcome("cancelled", "CANCELLED")
+
+    def _end_lost(self, claims: list[store.Claim], fields: dict) -> None:
+        """Runs whose claims were lost are over (their final writes changed nothing): give
+        back the slots a cancel left them, now rather than when their leases run out, which
+        they do anyway should this write be given up on."""
+        if claims:
+            pairs = [(c.task_id, c.token) for c in claims]
+            self._finalize(lambda conn: store.end_lost_claims(conn, pairs), claims[0], fields)
 
     def _stale(self, claim, task, fields, result: str) -> Outcome:
         metrics.STALE_RESULTS.labels(self.pool_name, task.task_type).inc()

@@ -15,6 +15,7 @@ from supervisor import Client
 from supervisor.config import RetryConfig
 from supervisor.db import store
 from supervisor.errors import UsageError
+from supervisor.lease_keeper import Held, LeaseKeeper
 from worker_fixtures import add_task, received, task_row
 
 pytest_plugins = ["worker_fixtures"]
@@ -129,11 +130,116 @@ def test_every_end_of_a_run_gives_its_slot_back(client, conn, way_out):
                                  retry=NO_BACKOFF) is not None
     else:
         client.cancel("t0")
+        # Its run is over once its owner says the handler stopped (or its lease runs out).
+        store.end_lost_claims(conn, [("t0", row["lease_token"])])
     assert held_slots(conn) == []
     # The supervisor's next renewal, which had the claim in its list, takes nothing back.
     assert store.renew_leases(conn, [as_claim(row)], lease_seconds=30) == set()
     assert held_slots(conn) == []
     assert len(claim(conn, "echo")) == 1
+
+
+@pytest.mark.parametrize("run_ends", ["owner_says_so", "lease_runs_out"])
+def test_a_cancelled_run_keeps_its_slot_until_it_is_over(client, conn, run_ends):
+    """Issue 14.5: a cancel gave a RUNNING task's slot back at once, while its handler ran
+    on until its next is_cancelled() check, so the next task of the type started beside it
+    (3 runs under a limit of 2 in the cancel storm). The claim ends with the cancel; its run
+    ends when its owner says its handler stopped (end_lost_claims), or, if it never does,
+    when the slot's lease runs out: no renewal extends it, no repair frees it before."""
+    client.set_limit("echo", 1)
+    add_task(conn, "t0", priority=1)
+    add_task(conn, "t1")
+    (row,) = claim(conn, "echo", lease=30 if run_ends == "owner_says_so" else 1.5)
+    assert store.cancel_task(conn, "t0")
+    assert ids(claim(conn, "echo", worker="other")) == []
+    (lease_before,) = conn.execute("SELECT lease_until FROM task_type_slots").fetchone()
+    assert store.renew_leases(conn, [as_claim(row)], lease_seconds=60) == set()
+    assert conn.execute("SELECT lease_until FROM task_type_slots").fetchone()[0] == lease_before
+    assert repair(conn) == {"freed": 0, "bounded": 0, "restored_held": 0, "restored_free": 0}
+    assert held_slots(conn) == ["t0"]
+    assert ids(claim(conn, "echo", worker="other")) == []
+    if run_ends == "owner_says_so":
+        # Said of a claim that still runs, it changes nothing: its final write ends it.
+        client.set_limit("record", 1)
+        add_task(conn, "r0", "record")
+        (live,) = claim(conn, "record")
+        states = store.end_lost_claims(conn, [("t0", row["lease_token"]),
+                                              ("r0", live["lease_token"])])
+        assert {t: state["status"] for t, state in states.items()} == \
+            {"t0": "CANCELLED", "r0": "RUNNING"}
+        assert held_slots(conn) == []
+        assert held_slots(conn, "record") == ["r0"]
+    else:
+        wait_until(lambda: not held_slots(conn), timeout=5,
+                   message="the cancelled claim's slot to end with its lease")
+    assert ids(claim(conn, "echo", worker="other")) == ["t1"]
+    assert repair(conn)["freed"] == 0
+
+
+def test_a_cancelled_run_retried_and_claimed_again_gives_back_only_its_own_slot(client, conn):
+    """An operator retries a cancelled task while its handler is still stopping, and it is
+    claimed again in another slot: when the first run ends, its slot alone comes back."""
+    client.set_limit("echo", 2)
+    add_task(conn, "t0")
+    (first,) = claim(conn, "echo")
+    store.cancel_task(conn, "t0")
+    client.retry("t0")
+    (second,) = claim(conn, "echo", worker="other")
+    assert held_slots(conn) == ["t0", "t0"]
+    store.end_lost_claims(conn, [("t0", first["lease_token"])])
+    assert conn.execute("SELECT lease_token FROM task_type_slots WHERE task_id IS NOT NULL"
+                        ).fetchall() == [(second["lease_token"],)]
+
+
+class Child:
+    """A lease keeper's holder, as the supervisor's child is one: told what the keeper finds."""
+    label = "child"
+
+    def __init__(self):
+        self.lost_reasons: list[str] = []
+
+    def alive(self) -> bool:
+        return True
+
+    def renewed(self, tokens, expires_at) -> None:
+        pass
+
+    def lost(self, token, reason) -> None:
+        self.lost_reasons.append(reason)
+
+
+@pytest.mark.parametrize("settled_as", ["rescue", "complete", "release"])
+@pytest.mark.parametrize("cancel_seen_by", ["renewal", "notification"])
+def test_a_cancelled_claim_of_a_child_that_died_gives_its_slot_back_when_settled(
+        client, conn, db_dsn, settled_as, cancel_seen_by):
+    """The supervisor settles a dead child's claims (its cancel: kill, or any death) by what
+    the child last wrote of each: a run it was in (rescue), one it finished (complete), one
+    it never started (release). A claim cancelled before the death is none of those any
+    more, and its slot, held for the run, must come back with the settling, not a lease
+    later; also when the keeper's renewal saw the cancel first and stopped renewing it."""
+    client.set_limit("echo", 1)
+    add_task(conn, "t0")
+    add_task(conn, "t1")
+    (row,) = claim(conn, "echo")
+    child = Child()
+    keeper = LeaseKeeper(db_dsn, renew_interval=10, retry=NO_BACKOFF)
+    held = Held("t0", row["lease_token"], "echo", "w", "default", holder=child,
+                lease_seconds=30, renew_interval=10)
+    keeper.hold([held])
+    store.cancel_task(conn, "t0")
+    try:
+        if cancel_seen_by == "renewal":
+            held.due = 0.0  # due now
+            keeper.renew_due()
+            assert child.lost_reasons == ["cancelled"]
+        assert held_slots(conn) == ["t0"], "its handler may still run"
+        keeper.settle(settled_as, keeper.drop_holder(child), "child died")
+        keeper.settle_pending()
+    finally:
+        keeper._db.close()  # the thread, never started, would have
+    assert held_slots(conn) == []
+    assert ids(claim(conn, "echo", worker="other")) == ["t1"]
+    assert task_row(conn, "t0")["status"] == "CANCELLED"
 
 
 def test_a_renewal_extends_no_slot_of_a_claim_that_ended(client, conn):
@@ -163,6 +269,7 @@ def _end(conn, way_out: str, row: dict) -> None:
         store.rescue_task(conn, row["id"], row["lease_token"], error="died", retry=NO_BACKOFF)
     else:
         store.cancel_task(conn, row["id"])
+        store.end_lost_claims(conn, [(row["id"], row["lease_token"])])
 
 
 def test_an_end_racing_a_renewal_always_gives_the_slot_back(client, db_dsn, conn):

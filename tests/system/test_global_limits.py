@@ -9,6 +9,7 @@ import signal
 import time
 
 from conftest import wait_until
+from daemon import HANDLER_TYPES, pid_alive
 from executions import read_runs
 from supervisor import Client
 
@@ -129,6 +130,37 @@ def test_a_slot_held_by_a_daemon_killed_with_9_returns_when_its_lease_does(start
             for run in read_runs(log)]
     assert most_at_once(runs) == 1
     assert second.returncode() is None
+
+
+def test_a_cancel_that_kills_the_child_gives_the_slot_back_once_the_child_is_dead(
+        start_daemon, conn, db_dsn, tmp_path):
+    """Issue 14.5: with cancel: kill the cancelled handler never stops by itself, so its slot
+    is held until the supervisor has killed its child, and given back when it settles the
+    dead child's claims: seconds, not the 30 s lease."""
+    log = tmp_path / "runs.log"
+    types = {**HANDLER_TYPES, "sleeps": {"handler": "timed_handlers:sleeps", "cancel": "kill"}}
+    daemon = start_daemon(pools={"default": {"processes": 2, "batch_size": 2}},
+                          handlers={"types": types}, limits={"sleeps": 1},
+                          lease={"seconds": 30, "renew_interval": 10}, poll_interval=0.1)
+    daemon.wait_for("wakeups_listening")
+    with Client(db_dsn) as client:
+        client.submit_many({"task_type": "sleeps", "task_id": f"t{n}", "priority": 1 - n,
+                            "max_retries": 0,
+                            "payload": {"log": str(log), "seconds": 60 if n == 0 else 0.1}}
+                           for n in range(2))
+        wait_until(lambda: read_runs(log), message="t0 to start")
+        cancelled_at = time.monotonic()
+        client.cancel("t0")
+    wait_until(lambda: completed(conn, "t1") == 1, timeout=10,
+               message="t1 to run once t0's child is dead, not when its lease ends")
+    daemon.wait_for("task_cancel_killed", task_id="t0")
+    first, second = sorted(read_runs(log), key=lambda run: run["start"])
+    print(f"\ncancel: kill under a limit of 1: the next task started "
+          f"{second['start'] - cancelled_at:.2f} s after the cancel (lease 30 s)")
+    assert first["task_id"] == "t0" and first["end"] is None, "t0 was killed, not stopped"
+    assert not pid_alive(first["pid"])
+    assert conn.execute("SELECT status FROM tasks WHERE id = 't0'").fetchone()[0] == \
+        "CANCELLED"
 
 
 def test_a_reload_writes_changed_limits_and_removes_only_its_own(start_daemon, db_dsn):
