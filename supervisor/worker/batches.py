@@ -48,7 +48,7 @@ class BatchRunning:
     _done: list[Done]
     _guard: threading.Thread | None
     # Its methods call the Worker's execute, _fields and handler_connection, and Settling's
-    # _record, _finalize, _end_lost, _stopped_by_cancel and _write_completions.
+    # _record, _finalize, _end_lost, refuse and _write_completions.
 
     def run_batch(self, batch: list[tuple[Task, int]]) -> None:
         """Run a claimed batch in order. On a stop, the running task finishes and what never
@@ -192,8 +192,10 @@ class BatchRunning:
         self._give_back(waiting, reason="the worker is stopping")
 
     def _settle_lost_waiting(self, lost: list[tuple[Task, int]]) -> None:
+        # As a claim found lost at its start: still ours in the database (a supervisor that
+        # took a stopped child's claims back, then let it go), it goes back free; cancelled,
+        # its slot is given back.
         for task, token in lost:
-            claim = store.Claim(task.id, self.worker_id, token)
-            self._record(token, self._stopped_by_cancel(claim, task, self._fields(task)), task,
-                         0.0)
+            self.refuse(store.Claim(task.id, self.worker_id, token), task, token,
+                        self._fields(task))
 
