@@ -25,12 +25,13 @@ def cmd_daemons(args, config: Config) -> int:
 def daemon_block(daemon: dict) -> str:
     """A daemon's header, its times, and a table of its children."""
     state = daemon["state"]
+    last = "signed off" if state == "stopped" else "last heartbeat"
     if state == "lost":
         state = f"LOST (silent {elapsed(daemon['silent_seconds'])}, " \
                 f"last said {daemon['reported_state']})"
     lines = [f"{printable(daemon['daemon'])}  pid {daemon['pid']}  {state}  "
              f"generation {daemon['generation']}  pgtaskd {printable(daemon['version'])}",
-             f"  started {human_time(daemon['started_at'])}, last heartbeat "
+             f"  started {human_time(daemon['started_at'])}, {last} "
              f"{elapsed(daemon['silent_seconds'])} ago (every "
              f"{daemon['heartbeat_interval']:g} s), id {daemon['id']}"]
     rows = [[pool, str(child.get("slot")), str(child.get("pid")), str(child.get("generation")),

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, Iterable, Iterator, Sequence
 
 import psycopg
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Json, Jsonb
 
 from ..config import FINISHED_STATUSES, MAX_LIMIT, RetryConfig
 from .loaders import TimeLoader, TimeOrNone, TimeOrText, cursor
@@ -414,7 +414,7 @@ def heartbeat_daemon(conn, *, daemon_id: str, daemon: str, host: str, pid: int, 
     return _one(conn, "heartbeat_daemon", {
         "id": daemon_id, "daemon": daemon, "host": host, "pid": pid, "version": version,
         "config_path": config_path, "interval": interval, "generation": generation,
-        "state": state, "pools": Jsonb(pools)})["registered"]
+        "state": state, "pools": Json(pools)})["registered"]
 
 
 def sign_off_daemon(conn, daemon_id: str) -> bool:

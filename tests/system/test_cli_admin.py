@@ -217,7 +217,7 @@ def test_a_bad_limit_is_refused_in_one_line_and_sets_nothing(db_dsn, arguments, 
 
 # --- the daemon registry -----------------------------------------------------------------------
 
-LIVE_ID, LOST_ID = "6f1c2d7e-0000-4000-8000-000000000001", "6f1c2d7e-0000-4000-8000-000000000002"
+LIVE_ID, LOST_ID, STOPPED_ID = (f"6f1c2d7e-0000-4000-8000-00000000000{n}" for n in (1, 2, 3))
 
 
 def registered(conn, daemon_id: str, daemon: str, pid: int, pools: dict) -> None:
@@ -227,10 +227,12 @@ def registered(conn, daemon_id: str, daemon: str, pid: int, pools: dict) -> None
                            state="running", pools=pools)
 
 
-def test_daemons_prints_each_daemon_with_its_children_and_the_lost_ones_last(db_dsn):
+def test_daemons_prints_each_daemon_with_its_children_and_the_gone_ones_last(db_dsn):
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         registered(conn, LOST_ID, "web-1:/etc/pgtaskd.yaml", 99, {})
         conn.execute("UPDATE pgtaskd_daemons SET heartbeat_at = now() - interval '2 hours'")
+        registered(conn, STOPPED_ID, "web-3:/etc/pgtaskd.yaml", 77, {})
+        store.sign_off_daemon(conn, STOPPED_ID)
         registered(conn, LIVE_ID, "web-2:/etc/pgtaskd.yaml", 4242, {"default": [
             {"slot": 1, "pid": 4243, "generation": 2, "state": "working", "stopping": None,
              "held": 2, "tasks": [{"id": "t-1", "type": "echo", "state": "running"},
@@ -249,11 +251,15 @@ def test_daemons_prints_each_daemon_with_its_children_and_the_lost_ones_last(db_
         ["default", "2", "4244", "2", "idle", "-"]]
     assert lines[5:7] == ["", "web-1:/etc/pgtaskd.yaml  pid 99  LOST (silent 2 h, last said "
                               "running)  generation 2  pgtaskd 0.1.0"]
-    assert len(lines) == 8  # a lost daemon's children are not listed: it had none
+    assert lines[8:10] == ["", "web-3:/etc/pgtaskd.yaml  pid 77  stopped  generation 2  "
+                               "pgtaskd 0.1.0"]
+    assert re.fullmatch(r"  started \S+Z, signed off \d+\.\d s ago \(every 5 s\), "
+                        rf"id {STOPPED_ID}", lines[10]), lines[10]
+    assert len(lines) == 11  # neither had children to list
     lost = pgtaskd("daemons", "--state", "Lost", "--json", dsn=db_dsn)
     assert [d["id"] for d in json.loads(lost.stdout)] == [LOST_ID]
-    assert pgtaskd("daemons", "--state", "stopped", dsn=db_dsn).stdout == \
-        "(no stopped daemons)\n"
+    assert pgtaskd("daemons", "--state", "reloading", dsn=db_dsn).stdout == \
+        "(no reloading daemons)\n"
     assert [d["id"] for d in json.loads(pgtaskd("daemons", "--limit", "1", "--json",
                                                 dsn=db_dsn).stdout)] == [LIVE_ID]
 

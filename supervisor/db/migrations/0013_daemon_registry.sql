@@ -30,6 +30,7 @@ CREATE TABLE pgtaskd_daemons (
     -- What the daemon said of itself at its last heartbeat ('stopped': it signed off).
     state TEXT NOT NULL
         CHECK (state IN ('starting', 'running', 'reloading', 'stopping', 'stopped')),
-    -- Pool name -> its children, each with the tasks it holds (see maintenance/registry.py).
-    pools JSONB NOT NULL DEFAULT '{}'
+    -- Pool name -> its children, each with the tasks it holds (see daemon/snapshot.py).
+    -- json, not jsonb: written far more often than read, and kept in the order written.
+    pools JSON NOT NULL DEFAULT '{}'
 ) WITH (fillfactor = 50);
