@@ -8,7 +8,8 @@ what it claimed over its link (the lease keeper needs that to renew), but a mess
 handler start and end would wake the supervisor twice per task: on a batch drain that cost a
 sixth of the throughput. So the child also writes each claim's state into a small table of
 shared memory (a memfd the supervisor creates and passes down, like the link), and the
-supervisor reads it once, when the child is gone.
+supervisor reads it when the child is gone, and at most once a second while it lives, for the
+registry's snapshot of which task each child runs (daemon/snapshot.py).
 
 Each slot is one aligned 8-byte word, ``token << 2 | state``, written by a single store: a
 child killed at any instant leaves every slot as it was before or after a write, never torn,

@@ -39,6 +39,7 @@ EPILOG = textwrap.dedent("""\
       pgtaskd pause TYPE... / pgtaskd resume TYPE...     stop / restart claims of a type
       pgtaskd schedules                                  periodic tasks: next and last runs
       pgtaskd limit TYPE N / pgtaskd limits              global concurrency limits
+      pgtaskd daemons                                    the daemons, their children, their tasks
 
     Every command takes -c FILE (default: $PGTASKD_CONFIG) and --json. The database is
     database.dsn from the config, or $PGTASKD_DSN, or else the embedded PostgreSQL.
@@ -300,6 +301,24 @@ def _add_task_commands(commands) -> None:
         "is not the one in force enqueue nothing for it.",
         "pgtaskd schedules -c /etc/pgtaskd/pgtaskd.yaml\n"
         "pgtaskd schedules --json | jq -r '.[] | select(.last_status == \"FAILED\") | .name'")
+    daemons = _command(
+        commands, "daemons", "list the daemons on this database and what their children run",
+        "List the daemon registry: every daemon that ran on this database within a day, "
+        "those that run first. Each shows its host and config file, pid, state (starting, "
+        "running, reloading, stopping; stopped once it signed off; LOST when its heartbeat "
+        "is older than three of its intervals, and 10 s, by the database's clock), "
+        "generation (one more per reload), version, when it started and last wrote, and "
+        "per pool its children: pid, generation, state (booting, idle, working, stopping) "
+        "and the tasks each runs. A daemon writes its row every registry.interval seconds "
+        "(5 by default).",
+        "pgtaskd daemons\n"
+        "pgtaskd daemons --state lost\n"
+        "pgtaskd daemons --json | jq -r '.[] | select(.state == \"running\") | .host'")
+    daemons.add_argument("--state", metavar="S",
+                         help="only daemons in this state: starting, running, reloading, "
+                              "stopping, stopped or lost (any case)")
+    daemons.add_argument("--limit", type=int, default=100, metavar="N",
+                         help="at most N daemons, 1 to 10000 (default: 100)")
 
 
 def _silence_stdout() -> None:
@@ -358,6 +377,7 @@ _COMMAND_MODULES = {
     **dict.fromkeys(["run", "worker", "migrate", "check-config", "bench"], "daemon_commands"),
     **dict.fromkeys(["submit", "cancel", "retry", "show", "list", "stats"], "task_commands"),
     **dict.fromkeys(["pause", "resume", "limit", "limits", "schedules"], "fleet_commands"),
+    "daemons": "registry_commands",
 }
 
 

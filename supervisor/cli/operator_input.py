@@ -18,7 +18,7 @@ from .output import printable
 _ARGUMENTS = {"task_type": "TYPE", "task_id": "--id", "name": "--name",
               "priority": "--priority", "max_retries": "--max-retries",
               "unique_key": "--unique-key", "run_at": "--at", "delay": "--in",
-              "max_running": "N"}
+              "max_running": "N", "state": "--state", "limit": "--limit"}
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The Python client: submit tasks, and inspect, cancel and retry them.
+"""The Python client: submit tasks, inspect, cancel and retry them, and list the daemons.
 
     from supervisor import Client
 
@@ -23,13 +23,15 @@ from ..task_fields import (MAX_DELAY_SECONDS, MAX_ID_LENGTH, MAX_NAME_LENGTH,
                            MAX_PAUSED_BY_LENGTH, MAX_UNIQUE_KEY_LENGTH, SUBMIT_FIELDS, NewTask,
                            prepare_task, serialize_payload)
 from .connection import DEFAULT_CONNECT_TIMEOUT, ClientConnection
+from .daemons import DAEMON_STATES, DEFAULT_DAEMONS_LIMIT, MAX_DAEMONS_LIMIT, Daemons
 from .operate import (CANCELLABLE_STATUSES, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT,
                       RETRYABLE_STATUSES, STATUSES, Operating, TaskNotFound, TaskStateError,
                       check_status, who_pauses)
 from .submit import MAX_SUBMIT_ROUNDS, SubmittedId, Submitting
 
 __all__ = [
-    "CANCELLABLE_STATUSES", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_LIST_LIMIT", "MAX_DELAY_SECONDS",
+    "CANCELLABLE_STATUSES", "DAEMON_STATES", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_DAEMONS_LIMIT",
+    "DEFAULT_LIST_LIMIT", "MAX_DAEMONS_LIMIT", "MAX_DELAY_SECONDS",
     "MAX_ID_LENGTH", "MAX_LIST_LIMIT", "MAX_NAME_LENGTH", "MAX_PAUSED_BY_LENGTH",
     "MAX_SUBMIT_ROUNDS", "MAX_UNIQUE_KEY_LENGTH", "RETRYABLE_STATUSES", "STATUSES",
     "SUBMIT_FIELDS", "Client", "NewTask", "SubmittedId", "TaskNotFound", "TaskStateError",
@@ -37,7 +39,7 @@ __all__ = [
 ]
 
 
-class Client(Submitting, Operating, ClientConnection):
+class Client(Submitting, Operating, Daemons, ClientConnection):
     """Submit and manage tasks over one connection.
 
     Not for concurrent use by several threads (they would share one transaction state):

@@ -21,10 +21,12 @@ from .defaults import (CANCEL_MODES, CATCH_UP_POLICIES, CONFIG_ENV, CONFIG_SNAPS
                        DEFAULT_SHUTDOWN_TIMEOUT, DSN_ENV, FINISHED_STATUSES, MAX_BATCH_SIZE,
                        MAX_CONCURRENCY,
                        MAX_CATCH_UP_LIMIT, MAX_LIMIT, MAX_METRICS_CONNECTIONS, MAX_PAYLOAD_LIMIT,
-                       MAX_PROCESSES, MAX_RETENTION_BATCH_SIZE, MAX_RETENTION_SECONDS, MAX_SECONDS)
+                       MAX_PROCESSES, MAX_RETENTION_BATCH_SIZE, MAX_RETENTION_SECONDS, MAX_SECONDS,
+                       REGISTRY_KEPT_SECONDS, REGISTRY_LOST_BEATS, REGISTRY_LOST_FLOOR)
 from .loader import load_config, parse_config, resolve_config_path
 from .model import (DEFAULT_POLICY, Config, DatabaseConfig, HandlersConfig, HealthConfig,
-                    LeaseConfig, MetricsConfig, PoolConfig, ReaperConfig, RetentionConfig,
+                    LeaseConfig, MetricsConfig, PoolConfig, ReaperConfig, RegistryConfig,
+                    RetentionConfig,
                     RetryConfig, RunPolicy, ScheduleConfig, schedule_task_id)
 
 __all__ = [
@@ -41,7 +43,9 @@ __all__ = [
     "MAX_CATCH_UP_LIMIT", "MAX_LIMIT", "MAX_METRICS_CONNECTIONS", "MAX_PAYLOAD_LIMIT",
     "MAX_PROCESSES", "MAX_RETENTION_BATCH_SIZE", "MAX_RETENTION_SECONDS", "MAX_SECONDS",
     "MAX_TASK_TYPE_LENGTH", "Config", "DatabaseConfig", "HandlersConfig", "HealthConfig",
-    "LeaseConfig", "MetricsConfig", "PoolConfig", "ReaperConfig", "RetentionConfig",
+    "LeaseConfig", "MetricsConfig", "PoolConfig", "REGISTRY_KEPT_SECONDS",
+    "REGISTRY_LOST_BEATS", "REGISTRY_LOST_FLOOR", "ReaperConfig", "RegistryConfig",
+    "RetentionConfig",
     "RetryConfig", "RunPolicy", "ScheduleConfig", "load_config", "parse_config",
     "resolve_config_path", "schedule_task_id",
 ]

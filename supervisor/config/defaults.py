@@ -23,6 +23,15 @@ DEFAULT_RETRY_JITTER = 0.1
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 DEFAULT_REAPER_INTERVAL = 5.0
 DEFAULT_HEALTH_INTERVAL = 5.0
+# The daemon registry (maintenance/registry.py): a heartbeat every few seconds is one small
+# write per daemon; past a few missed ones the daemon shows as lost (never sooner than
+# REGISTRY_LOST_FLOOR, so that one slow statement is no loss); rows silent for a day go.
+DEFAULT_REGISTRY_INTERVAL = 5.0
+MIN_REGISTRY_INTERVAL = 1.0
+MAX_REGISTRY_INTERVAL = 300.0
+REGISTRY_LOST_BEATS = 3
+REGISTRY_LOST_FLOOR = 10.0
+REGISTRY_KEPT_SECONDS = 86400.0
 DEFAULT_MAX_PENDING_AGE = 300.0
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 DEFAULT_METRICS_MAX_CONNECTIONS = 64

@@ -20,16 +20,18 @@ from ..task_fields import DEFAULT_MAX_PAYLOAD_BYTES
 from .defaults import (CONFIG_ENV, DEFAULT_DATA_DIR, DEFAULT_HEALTH_INTERVAL,
                        DEFAULT_LEASE_SECONDS, DEFAULT_MAX_PENDING_AGE, DEFAULT_METRICS_LISTEN,
                        DEFAULT_METRICS_MAX_CONNECTIONS, DEFAULT_METRICS_REQUEST_TIMEOUT,
-                       DEFAULT_POLL_INTERVAL, DEFAULT_REAPER_INTERVAL, DEFAULT_RENEW_INTERVAL,
+                       DEFAULT_POLL_INTERVAL, DEFAULT_REAPER_INTERVAL,
+                       DEFAULT_REGISTRY_INTERVAL, DEFAULT_RENEW_INTERVAL,
                        DEFAULT_RETENTION_BATCH_SIZE, DEFAULT_RETENTION_CANCELLED,
                        DEFAULT_RETENTION_COMPLETED, DEFAULT_RETENTION_FAILED,
                        DEFAULT_RETENTION_INTERVAL, DEFAULT_RETRY_BASE_DELAY, DEFAULT_RETRY_JITTER,
                        DEFAULT_RETRY_MAX_DELAY, DEFAULT_SHUTDOWN_TIMEOUT, DSN_ENV, MAX_LIMIT,
                        MAX_METRICS_CONNECTIONS, MAX_PAYLOAD_LIMIT, MAX_RETENTION_BATCH_SIZE,
-                       MIN_LEASE_SECONDS, MIN_PASS_INTERVAL, MIN_PENDING_AGE, MIN_POLL_INTERVAL,
+                       MAX_REGISTRY_INTERVAL, MIN_LEASE_SECONDS, MIN_PASS_INTERVAL,
+                       MIN_PENDING_AGE, MIN_POLL_INTERVAL, MIN_REGISTRY_INTERVAL,
                        MIN_RENEW_INTERVAL, MIN_TIMEOUT, user_data_dir)
 from .model import (Config, DatabaseConfig, HealthConfig, LeaseConfig, LoggingConfig,
-                    MetricsConfig, ReaperConfig, RetentionConfig, RetryConfig)
+                    MetricsConfig, ReaperConfig, RegistryConfig, RetentionConfig, RetryConfig)
 from ..logs import FORMATS as LOG_FORMATS, LEVELS as LOG_LEVELS
 from .handler_pools import parse_handlers, parse_pools
 from .schedules import parse_schedules
@@ -39,7 +41,7 @@ from .yaml_file import check_size, parse_yaml, read_config_text
 
 _TOP_KEYS = {"database", "lease", "poll_interval", "retry", "handlers", "pools",
              "shutdown_timeout", "reload_timeout", "reaper", "health", "retention",
-             "metrics", "logging", "max_payload_bytes", "schedules", "limits"}
+             "metrics", "logging", "max_payload_bytes", "schedules", "limits", "registry"}
 
 
 def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
@@ -90,6 +92,7 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
 
     reaper_tree = v.section(tree, "reaper", "", {"interval", "batch_size"})
     health_tree = v.section(tree, "health", "", {"interval", "max_pending_age"})
+    registry_tree = v.section(tree, "registry", "", {"interval"})
     retention = _parse_retention(v, tree)
     metrics_tree = v.section(tree, "metrics", "", {"listen", "max_connections",
                                                    "request_timeout"})
@@ -125,6 +128,11 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
             max_pending_age=v.number(health_tree, "max_pending_age", "health",
                                      DEFAULT_MAX_PENDING_AGE, minimum=MIN_PENDING_AGE,
                                      strict=False),
+        ),
+        registry=RegistryConfig(
+            interval=v.number(registry_tree, "interval", "registry", DEFAULT_REGISTRY_INTERVAL,
+                              minimum=MIN_REGISTRY_INTERVAL, maximum=MAX_REGISTRY_INTERVAL,
+                              strict=False),
         ),
         retention=retention,
         metrics=MetricsConfig(

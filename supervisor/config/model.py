@@ -18,8 +18,8 @@ from ..task_fields import DEFAULT_MAX_PAYLOAD_BYTES
 from .defaults import (DEFAULT_CATCH_UP, DEFAULT_HEALTH_INTERVAL, DEFAULT_LEASE_SECONDS,
                        DEFAULT_MAX_CATCH_UP, DEFAULT_MAX_PENDING_AGE, DEFAULT_METRICS_LISTEN,
                        DEFAULT_METRICS_MAX_CONNECTIONS, DEFAULT_METRICS_REQUEST_TIMEOUT,
-                       DEFAULT_REAPER_INTERVAL, DEFAULT_RENEW_INTERVAL,
-                       DEFAULT_RETENTION_BATCH_SIZE, DEFAULT_RETENTION_CANCELLED,
+                       DEFAULT_REAPER_INTERVAL, DEFAULT_REGISTRY_INTERVAL,
+                       DEFAULT_RENEW_INTERVAL, DEFAULT_RETENTION_BATCH_SIZE, DEFAULT_RETENTION_CANCELLED,
                        DEFAULT_RETENTION_COMPLETED, DEFAULT_RETENTION_FAILED,
                        DEFAULT_RETENTION_INTERVAL, DEFAULT_RETRY_BASE_DELAY, DEFAULT_RETRY_JITTER,
                        DEFAULT_RETRY_MAX_DELAY, DEFAULT_SHUTDOWN_TIMEOUT, FINISHED_STATUSES)
@@ -137,6 +137,13 @@ class HealthConfig:
 
 
 @dataclass(frozen=True)
+class RegistryConfig:
+    interval: float = DEFAULT_REGISTRY_INTERVAL
+    """Seconds between the daemon's heartbeats in the registry (``pgtaskd daemons``); a
+    daemon silent for three of them (at least 10 s) shows as lost."""
+
+
+@dataclass(frozen=True)
 class RetentionConfig:
     """How long finished tasks stay in the table. A retention of None (``false`` in the
     YAML) keeps the tasks of that status forever; ``null`` or an absent key means the
@@ -243,6 +250,7 @@ class Config:
     (the run then counts as a failed attempt); None: as long as the task takes."""
     reaper: ReaperConfig = field(default_factory=ReaperConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

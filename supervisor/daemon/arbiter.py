@@ -5,8 +5,9 @@ dispatches it to ``handle_<name>``. Each turn the loop reads the children's link
 children that exited, starts or stops children until every pool has its configured count,
 advances a reload in progress, and pings systemd. It never waits on the database: the lease
 keeper thread renews every claim the children hold and settles the claims of dead children,
-the wake-up relay listens for new work, and the reaper, the health check and retention
-have threads of their own. The parent never imports handler modules and never hands a
+the wake-up relay listens for new work, and the reaper, the health check, retention and
+the registry have threads of their own (the registry writes the snapshot of the daemon that
+the loop publishes: snapshot.py). The parent never imports handler modules and never hands a
 connection to a child.
 
 The Arbiter's methods are its process verbs; the children's messages are read by ChildLinks
@@ -42,10 +43,14 @@ from .run_policies import RunPolicies
 from .services import Services, cleanup_metrics_dir, prepare_metrics_dir, wait_for_database
 from .shutdown import Shutdown
 from .stopped_children import StoppedChildren
+from .snapshot import DaemonSnapshot, daemon_state, take_snapshot
 
 LOOP_TICK = 0.5
 # After children's messages alone, the rest of the loop runs within this long.
 PASS_INTERVAL = 0.05
+# The registry's snapshot is rebuilt at most this often (at once when the daemon's state or
+# generation changes): it reads every child's claim board.
+SNAPSHOT_EVERY = 1.0
 
 SIGNAL_NAMES = {signal.SIGHUP: "hup", signal.SIGTERM: "term", signal.SIGINT: "int",
                 signal.SIGQUIT: "quit", signal.SIGTTIN: "ttin", signal.SIGTTOU: "ttou"}
@@ -84,6 +89,9 @@ class Arbiter(ChildStops, Reloading, Shutdown):
         self.loop_tick = self.started_at
         from ..maintenance.health import ChildrenStatus
         self.children_snapshot = ChildrenStatus(0, sum(self.targets.values()))
+        # What the registry thread reads; replaced whole (publish_snapshot).
+        self.snapshot = DaemonSnapshot(self.generation, "starting")
+        self._snapshot_due = 0.0
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -112,6 +120,7 @@ class Arbiter(ChildStops, Reloading, Shutdown):
                                          children=lambda: self.children_view,
                                          children_status=lambda: self.children_snapshot,
                                          loop_age=lambda: time.monotonic() - self.loop_tick,
+                                         snapshot=lambda: self.snapshot,
                                          on_cancelled=self.on_cancelled,
                                          on_newer_schema=self.on_newer_schema)
                 self.services.start()
@@ -175,6 +184,7 @@ class Arbiter(ChildStops, Reloading, Shutdown):
                 self.manage_workers()
                 self.murder_stuck()
             self.notify_systemd()
+            self.publish_snapshot()
 
     def next_deadline(self) -> float:
         """Seconds until the loop has something timed to do: a slot's restart, a stopping
@@ -453,3 +463,18 @@ class Arbiter(ChildStops, Reloading, Shutdown):
         self.systemd_report.send(status, self.children.values(), stopping=self.stopping,
                                  started_at=self.started_at, boot_timeout=BOOT_TIMEOUT,
                                  health=health)
+
+    def publish_snapshot(self) -> None:
+        """Replace the snapshot the registry thread writes, if it is due or the daemon's
+        state or generation changed; a change also wakes the registry, so that it shows at
+        once rather than at the next heartbeat."""
+        state = daemon_state(ready=self.systemd_report.ready_sent,
+                             reloading=self.reload is not None, stopping=bool(self.stopping))
+        now = time.monotonic()
+        changed = (state, self.generation) != (self.snapshot.state, self.snapshot.generation)
+        if not changed and now < self._snapshot_due:
+            return
+        self.snapshot = take_snapshot(self.generation, state, self.children.values())
+        self._snapshot_due = now + SNAPSHOT_EVERY
+        if changed and self.services is not None:
+            self.services.registry.wake()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .children import Child
+from .children import Child, ClaimedTask
 from ..logs import emit
 from .run_policies import RunPolicies
 from .services import Services
@@ -89,7 +89,7 @@ class ChildLinks:
         held = []
         for task_id, token, task_type in claims:
             token = int(token)
-            child.claims[token] = str(task_id)
+            child.claims[token] = ClaimedTask(str(task_id), str(task_type))
             held.append(Held(str(task_id), token, str(task_type), child.worker_id or "",
                              child.pool, holder=child, lease_seconds=lease.seconds,
                              renew_interval=lease.renew_interval))

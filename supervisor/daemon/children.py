@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from . import systemd
 from ..channel import Link, socket_pair
@@ -58,6 +58,12 @@ UNHEARD_GRACE = 5.0
 UNHEARD_AFTER = 0.5
 
 
+class ClaimedTask(NamedTuple):
+    """A task a child told us it claimed."""
+    task_id: str
+    task_type: str
+
+
 @dataclass(eq=False)
 class Child:
     process: subprocess.Popen
@@ -72,9 +78,9 @@ class Child:
     started: float = field(default_factory=time.monotonic)
     booted: bool = False
     worker_id: str | None = None
-    # token -> task id of every claim it holds (the lease keeper holds the claims themselves,
+    # token -> the task of every claim it holds (the lease keeper holds the claims themselves,
     # for renewal).
-    claims: dict[int, str] = field(default_factory=dict)
+    claims: dict[int, ClaimedTask] = field(default_factory=dict)
     # What the child wrote of each claim's state, read when it is gone (claim_board.py).
     board: ClaimBoard | None = None
     stopping: str | None = None  # why it was asked to stop: "shrink", "reload", "shutdown"
@@ -107,11 +113,11 @@ class Child:
         """The task it runs (when its type is watched), else the first it holds (for logs)."""
         if self.running is not None:
             return self.running.task_id
-        return next(iter(self.claims.values()), None)
+        return next((held.task_id for held in self.claims.values()), None)
 
     def holding(self, task_id: str) -> int | None:
         """The token under which it holds this task, if it does."""
-        return next((t for t, held in self.claims.items() if held == task_id), None)
+        return next((t for t, held in self.claims.items() if held.task_id == task_id), None)
 
     def handles(self, task_types: Sequence[str] | None) -> bool:
         return task_types is None or not self.task_types.isdisjoint(task_types)

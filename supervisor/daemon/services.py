@@ -1,8 +1,8 @@
 """The supervisor's start-up and its background services.
 
 Everything the supervisor does with the database runs here, on threads of its own: the
-lease keeper, the reaper, the health check, retention, the scheduler, the wake-up listener;
-plus the metrics archive and the HTTP endpoint. The arbiter's main loop only hands them work and reads
+lease keeper, the reaper, the health check, retention, the scheduler, the registry, the
+wake-up listener; plus the metrics archive and the HTTP endpoint. The arbiter's main loop only hands them work and reads
 what they report, so it never waits on the database. ``wait_for_database`` runs once,
 before the loop and before any child exists.
 """
@@ -111,6 +111,7 @@ class Services:
 
     def __init__(self, config: Config, dsn: str, metrics_dir: str, *,
                  children: Callable[[], Sequence], children_status: Callable,
+                 snapshot: Callable,
                  loop_age: Callable[[], float] = lambda: 0.0,
                  on_cancelled: Callable[[str], None] = lambda task_id: None,
                  on_newer_schema: Callable[[str], None] = lambda reason: None):
@@ -120,6 +121,7 @@ class Services:
         self.children = children
         self.children_status = children_status
         self.loop_age = loop_age
+        self.snapshot = snapshot
         self.on_cancelled = on_cancelled
         self.on_newer_schema = on_newer_schema
         self.keeper = None
@@ -127,6 +129,7 @@ class Services:
         self.retention = None
         self.scheduler = None
         self.limit_writer = None
+        self.registry = None
         self.health = None
         self.metrics_archive = None
         self.http = None
@@ -140,6 +143,7 @@ class Services:
         from ..maintenance.concurrency_limits import LimitWriter
         from ..maintenance.metrics_archive import MetricsArchive
         from ..maintenance.reaper import LeaseReaper
+        from ..maintenance.registry import DaemonIdentity, DaemonRegistry
         from ..maintenance.retention import RetentionService
         from ..maintenance.scheduler import Scheduler
         from .wakeups import WakeRelay
@@ -171,8 +175,12 @@ class Services:
         self.limit_writer = LimitWriter(dsn, limits=config.limits,
                                         daemon=daemon_identity(config),
                                         connect_timeout=timeout, pooled=pooled)
+        self.registry = DaemonRegistry(
+            dsn, interval=config.registry.interval, snapshot=self.snapshot,
+            identity=DaemonIdentity.of(config, daemon_identity(config)),
+            connect_timeout=timeout, pooled=pooled)
         self._threads = [self.keeper, reaper, self.health, self.retention, self.scheduler,
-                         self.limit_writer]
+                         self.limit_writer, self.registry]
         listen_dsn = config.database.listen_dsn or (None if pooled else dsn)
         if config.database.listen and listen_dsn:
             self.relay = WakeRelay(listen_dsn, children=self.children, connect_timeout=timeout,
@@ -212,6 +220,7 @@ class Services:
         self.retention.interval = config.retention.interval
         self.scheduler.apply(config.schedules, config.handled_types, config.max_payload_bytes)
         self.limit_writer.apply(config.limits)
+        self.registry.interval = config.registry.interval
 
     def stop(self) -> None:
         if self.http:

@@ -1434,3 +1434,55 @@ SELECT (SELECT c.max_running FROM task_type_limit_claims AS c
          ORDER BY c.max_running, c.daemon LIMIT 1) AS daemon,
        (SELECT l.from_claims FROM task_type_limits AS l
          WHERE l.task_type = %(task_type)s) AS from_claims;
+
+-- name: heartbeat_daemon
+-- A daemon's heartbeat: its row, created by the first one (started_at and heartbeat_at both
+-- the database's now()) and rewritten whole by each later one. One statement, by primary
+-- key, touching no indexed column: a HOT update (see migration 0013). ``registered`` says
+-- this heartbeat created the row (the first, or the first after someone deleted it).
+INSERT INTO pgtaskd_daemons AS d
+    (id, daemon, host, pid, version, config_path, heartbeat_interval, generation, state, pools)
+VALUES (%(id)s, %(daemon)s, %(host)s, %(pid)s, %(version)s, %(config_path)s, %(interval)s,
+        %(generation)s, %(state)s, %(pools)s)
+ON CONFLICT (id) DO UPDATE SET
+    heartbeat_at = now(),
+    heartbeat_interval = EXCLUDED.heartbeat_interval,
+    generation = EXCLUDED.generation,
+    state = EXCLUDED.state,
+    pools = EXCLUDED.pools
+RETURNING d.started_at = d.heartbeat_at AS registered;
+
+-- name: sign_off_daemon
+-- A daemon's last write as it stops: its row stays, as 'stopped' with no children, so that
+-- an operator sees it ended cleanly (a daemon that died without a word shows as lost); both
+-- kinds are pruned a day later.
+UPDATE pgtaskd_daemons
+SET state = 'stopped', heartbeat_at = now(), pools = '{}'
+WHERE id = %(id)s;
+
+-- name: prune_daemons
+-- Rows of daemons silent for %(older_than)s seconds, by the database's clock: any daemon's
+-- registry deletes them, so they go even when their own daemon never comes back. The table
+-- holds a row per daemon run of the last day: a scan of it is a few pages.
+DELETE FROM pgtaskd_daemons
+WHERE heartbeat_at < now() - %(older_than)s * interval '1 second';
+
+-- name: list_daemons
+-- The registry for `pgtaskd daemons` and the client. ``state`` is what the daemon last said
+-- of itself, or 'lost' when its heartbeat is older than %(lost_beats)s of its own intervals
+-- (and at least %(lost_floor)s seconds, so that one slow statement is no loss) by the
+-- database's now(); ``reported_state`` is what it said. The daemons that run come first.
+SELECT *
+FROM (SELECT id::text AS id, daemon, host, pid, version, config_path, started_at,
+             heartbeat_at, heartbeat_interval, generation,
+             CASE WHEN state <> 'stopped'
+                   AND heartbeat_at < now() - greatest(%(lost_beats)s * heartbeat_interval,
+                                                       %(lost_floor)s) * interval '1 second'
+                  THEN 'lost' ELSE state END AS state,
+             state AS reported_state,
+             extract(epoch FROM now() - heartbeat_at)::float8 AS silent_seconds,
+             pools
+      FROM pgtaskd_daemons) AS d
+WHERE %(state)s::text IS NULL OR d.state = %(state)s
+ORDER BY d.state IN ('lost', 'stopped'), d.host, d.daemon, d.started_at DESC, d.id
+LIMIT %(limit)s;

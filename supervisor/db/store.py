@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, Iterable, Iterator, Sequence
 
 import psycopg
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Json, Jsonb
 
 from ..config import FINISHED_STATUSES, MAX_LIMIT, MAX_SECONDS, RetryConfig
 from .loaders import TimeLoader, TimeOrNone, TimeOrText, cursor
@@ -417,3 +417,34 @@ def tasks_schema(conn) -> str:
 def database_now(conn) -> datetime:
     """The database's clock (the transaction's start, inside a transaction)."""
     return _one(conn, "database_now", {})["now"]
+
+
+def heartbeat_daemon(conn, *, daemon_id: str, daemon: str, host: str, pid: int, version: str,
+                     config_path: str | None, interval: float, generation: int, state: str,
+                     pools: dict) -> bool:
+    """Write this daemon's registry row, in one statement; True when it created the row."""
+    return _one(conn, "heartbeat_daemon", {
+        "id": daemon_id, "daemon": daemon, "host": host, "pid": pid, "version": version,
+        "config_path": config_path, "interval": interval, "generation": generation,
+        "state": state, "pools": Json(pools)})["registered"]
+
+
+def sign_off_daemon(conn, daemon_id: str) -> bool:
+    """Mark this daemon's row stopped; False when it has none."""
+    with conn.cursor() as cur:
+        cur.execute(QUERIES["sign_off_daemon"], {"id": daemon_id})
+        return cur.rowcount == 1
+
+
+def prune_daemons(conn, *, older_than_seconds: float) -> int:
+    """Delete the rows of daemons silent for this long; how many."""
+    with conn.cursor() as cur:
+        cur.execute(QUERIES["prune_daemons"], {"older_than": older_than_seconds})
+        return cur.rowcount
+
+
+def list_daemons(conn, *, state: str | None, limit: int, lost_beats: float,
+                 lost_floor: float) -> list[dict]:
+    """The registry's rows (see list_daemons in queries.sql), running daemons first."""
+    return _all(conn, "list_daemons", {"state": state, "limit": limit,
+                                       "lost_beats": lost_beats, "lost_floor": lost_floor})

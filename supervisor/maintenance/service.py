@@ -60,6 +60,7 @@ class PeriodicService(threading.Thread):
             self.tick()
             self._wake_event.wait(self.next_wait())
             self._wake_event.clear()
+        self.on_stop()
         self._close()
 
     def tick(self) -> None:
@@ -91,3 +92,7 @@ class PeriodicService(threading.Thread):
 
     def on_failure(self, exc: BaseException) -> None:
         """Hook for services that must record a failure (the health check does)."""
+
+    def on_stop(self) -> None:
+        """Hook for a last write once stopped, before the connection closes (the registry
+        signs off). It must not raise, and must not outlast stop()'s join."""

@@ -1,9 +1,11 @@
 """The admin commands as an operator runs them: migrate, check-config, help, schedules,
-global limits and the embedded database; a real subprocess and a real PostgreSQL."""
+global limits, the daemon registry and the embedded database; a real subprocess and a real
+PostgreSQL."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from datetime import datetime, timedelta, timezone
@@ -13,6 +15,7 @@ import psycopg
 import pytest
 
 from supervisor import Client, __version__
+from supervisor.db import store
 from cli_runs import (COMMANDS, assert_refused, pgtaskd, shared_conn,  # noqa: F401
                       shared_dsn, write_config)
 
@@ -212,3 +215,63 @@ def test_limit_sets_changes_lists_and_removes_a_global_limit(db_dsn):
 def test_a_bad_limit_is_refused_in_one_line_and_sets_nothing(db_dsn, arguments, fragment):
     assert_refused(pgtaskd(*arguments, dsn=db_dsn), 2, fragment)
     assert Client(db_dsn).limits() == []
+
+
+# --- the daemon registry -----------------------------------------------------------------------
+
+LIVE_ID, LOST_ID, STOPPED_ID = (f"6f1c2d7e-0000-4000-8000-00000000000{n}" for n in (1, 2, 3))
+
+
+def registered(conn, daemon_id: str, daemon: str, pid: int, pools: dict) -> None:
+    store.heartbeat_daemon(conn, daemon_id=daemon_id, daemon=daemon,
+                           host=daemon.partition(":")[0], pid=pid, version="0.1.0",
+                           config_path=daemon.partition(":")[2], interval=5.0, generation=2,
+                           state="running", pools=pools)
+
+
+def test_daemons_prints_each_daemon_with_its_children_and_the_gone_ones_last(db_dsn):
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        registered(conn, LOST_ID, "web-1:/etc/pgtaskd.yaml", 99, {})
+        conn.execute("UPDATE pgtaskd_daemons SET heartbeat_at = now() - interval '2 hours'")
+        registered(conn, STOPPED_ID, "web-3:/etc/pgtaskd.yaml", 77, {})
+        store.sign_off_daemon(conn, STOPPED_ID)
+        registered(conn, LIVE_ID, "web-2:/etc/pgtaskd.yaml", 4242, {"default": [
+            {"slot": 1, "pid": 4243, "generation": 2, "state": "working", "stopping": None,
+             "held": 2, "tasks": [{"id": "t-1", "type": "echo", "state": "running"},
+                                  {"id": "t-2", "type": "echo", "state": "claimed"}]},
+            {"slot": 2, "pid": 4244, "generation": 2, "state": "idle", "stopping": None,
+             "held": 0, "tasks": []}]})
+    result = pgtaskd("daemons", dsn=db_dsn)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "web-2:/etc/pgtaskd.yaml  pid 4242  running  generation 2  pgtaskd 0.1.0"
+    assert re.fullmatch(r"  started \S+Z, last heartbeat \d+\.\d s ago \(every 5 s\), "
+                        rf"id {LIVE_ID}", lines[1]), lines[1]
+    assert [line.split() for line in lines[2:5]] == [
+        ["POOL", "SLOT", "PID", "GEN", "STATE", "TASKS"],
+        ["default", "1", "4243", "2", "working", "echo", "t-1,", "+1", "held"],
+        ["default", "2", "4244", "2", "idle", "-"]]
+    assert lines[5:7] == ["", "web-1:/etc/pgtaskd.yaml  pid 99  LOST (silent 2 h, last said "
+                              "running)  generation 2  pgtaskd 0.1.0"]
+    assert lines[8:10] == ["", "web-3:/etc/pgtaskd.yaml  pid 77  stopped  generation 2  "
+                               "pgtaskd 0.1.0"]
+    assert re.fullmatch(r"  started \S+Z, signed off \d+\.\d s ago \(every 5 s\), "
+                        rf"id {STOPPED_ID}", lines[10]), lines[10]
+    assert len(lines) == 11  # neither had children to list
+    lost = pgtaskd("daemons", "--state", "Lost", "--json", dsn=db_dsn)
+    assert [d["id"] for d in json.loads(lost.stdout)] == [LOST_ID]
+    assert pgtaskd("daemons", "--state", "reloading", dsn=db_dsn).stdout == \
+        "(no reloading daemons)\n"
+    assert [d["id"] for d in json.loads(pgtaskd("daemons", "--limit", "1", "--json",
+                                                dsn=db_dsn).stdout)] == [LIVE_ID]
+
+
+@pytest.mark.parametrize("arguments, fragment", [
+    (["--state", "asleep"], "--state: unknown daemon state 'asleep' (one of: starting, "
+                            "running, reloading, stopping, stopped, lost)"),
+    (["--limit", "0"], "--limit: must be 1 or more, got 0"),
+    (["--limit", "many"], "argument --limit: invalid int value: 'many'"),
+    (["--host", "x"], "unrecognized arguments: --host x"),
+])
+def test_daemons_refuses_bad_arguments_in_one_line(shared_dsn, arguments, fragment):
+    assert_refused(pgtaskd("daemons", *arguments, dsn=shared_dsn), 2, fragment)
