@@ -22,6 +22,7 @@ writes nothing. Database trouble raises OperationalError with a one-line message
 from ..task_fields import (MAX_DELAY_SECONDS, MAX_ID_LENGTH, MAX_NAME_LENGTH,
                            MAX_PAUSED_BY_LENGTH, MAX_UNIQUE_KEY_LENGTH, SUBMIT_FIELDS, NewTask,
                            prepare_task, serialize_payload)
+from .browse import Browsing, Page, TaskFilter
 from .connection import DEFAULT_CONNECT_TIMEOUT, ClientConnection
 from .operate import (CANCELLABLE_STATUSES, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT,
                       RETRYABLE_STATUSES, STATUSES, Operating, TaskNotFound, TaskStateError,
@@ -32,12 +33,12 @@ __all__ = [
     "CANCELLABLE_STATUSES", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_LIST_LIMIT", "MAX_DELAY_SECONDS",
     "MAX_ID_LENGTH", "MAX_LIST_LIMIT", "MAX_NAME_LENGTH", "MAX_PAUSED_BY_LENGTH",
     "MAX_SUBMIT_ROUNDS", "MAX_UNIQUE_KEY_LENGTH", "RETRYABLE_STATUSES", "STATUSES",
-    "SUBMIT_FIELDS", "Client", "NewTask", "SubmittedId", "TaskNotFound", "TaskStateError",
+    "SUBMIT_FIELDS", "Client", "NewTask", "Page", "TaskFilter", "SubmittedId", "TaskNotFound", "TaskStateError",
     "check_status", "prepare_task", "serialize_payload", "who_pauses",
 ]
 
 
-class Client(Submitting, Operating, ClientConnection):
+class Client(Submitting, Operating, Browsing, ClientConnection):
     """Submit and manage tasks over one connection.
 
     Not for concurrent use by several threads (they would share one transaction state):

@@ -1,7 +1,8 @@
 """The supervisor's start-up and its background services.
 
 Everything the supervisor does with the database runs here, on threads of its own: the
-lease keeper, the reaper, the health check, retention, the scheduler, the wake-up listener;
+lease keeper, the reaper, the health check, retention, the scheduler, the minute rollup (for
+the web console), the wake-up listener;
 plus the metrics archive and the HTTP endpoint. The arbiter's main loop only hands them work and reads
 what they report, so it never waits on the database. ``wait_for_database`` runs once,
 before the loop and before any child exists.
@@ -139,6 +140,7 @@ class Services:
         from ..maintenance.metrics_archive import MetricsArchive
         from ..maintenance.reaper import LeaseReaper
         from ..maintenance.retention import RetentionService
+        from ..maintenance.rollup import MinuteRollup
         from ..maintenance.scheduler import Scheduler
         from .wakeups import WakeRelay
 
@@ -168,8 +170,9 @@ class Services:
         self.limit_writer = LimitWriter(dsn, limits=config.limits,
                                         daemon=daemon_identity(config),
                                         connect_timeout=timeout, pooled=pooled)
+        rollup = MinuteRollup(dsn, connect_timeout=timeout, pooled=pooled)
         self._threads = [self.keeper, reaper, self.health, self.retention, self.scheduler,
-                         self.limit_writer]
+                         self.limit_writer, rollup]
         listen_dsn = config.database.listen_dsn or (None if pooled else dsn)
         if config.database.listen and listen_dsn:
             self.relay = WakeRelay(listen_dsn, children=self.children, connect_timeout=timeout,
