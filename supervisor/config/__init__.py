@@ -25,7 +25,8 @@ from .defaults import (CANCEL_MODES, CATCH_UP_POLICIES, CONFIG_ENV, CONFIG_SNAPS
 from .loader import load_config, parse_config, resolve_config_path
 from .model import (DEFAULT_POLICY, Config, DatabaseConfig, HandlersConfig, HealthConfig,
                     LeaseConfig, MetricsConfig, PoolConfig, ReaperConfig, RetentionConfig,
-                    RetryConfig, RunPolicy, ScheduleConfig, schedule_task_id)
+                    RetryConfig, RunPolicy, ScheduleConfig, WebAuthConfig, WebConfig,
+                    schedule_task_id)
 
 __all__ = [
     "CANCEL_MODES", "CATCH_UP_POLICIES", "CONFIG_ENV", "CONFIG_SNAPSHOT_ENV", "DEFAULT_CATCH_UP",
@@ -42,6 +43,6 @@ __all__ = [
     "MAX_PROCESSES", "MAX_RETENTION_BATCH_SIZE", "MAX_RETENTION_SECONDS", "MAX_SECONDS",
     "MAX_TASK_TYPE_LENGTH", "Config", "DatabaseConfig", "HandlersConfig", "HealthConfig",
     "LeaseConfig", "MetricsConfig", "PoolConfig", "ReaperConfig", "RetentionConfig",
-    "RetryConfig", "RunPolicy", "ScheduleConfig", "load_config", "parse_config",
+    "RetryConfig", "RunPolicy", "ScheduleConfig", "WebAuthConfig", "WebConfig", "load_config", "parse_config",
     "resolve_config_path", "schedule_task_id",
 ]
