@@ -51,4 +51,4 @@ def cmd_web_bench(args, config: Config) -> int:
     from .web_bench import run_web_bench
 
     return run_web_bench(config, finished=args.finished, pending=args.pending,
-                         requests=args.requests, keep=args.keep)
+                         requests=args.requests, keep=args.keep, as_json=args.json)

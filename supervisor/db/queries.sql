@@ -1890,3 +1890,32 @@ SELECT t.*, CASE WHEN isfinite(t.lease_until)
        now() AS database_now
 FROM tasks AS t
 WHERE t.id = %(task_id)s;
+
+-- name: web_bench_fill
+-- pgtaskd web-bench: %(count)s tasks numbered from %(first)s into the bench's own schema,
+-- in one statement: finished ones (%(kind)s 'finished': 90 per cent COMPLETED, 8 FAILED with an
+-- error, 2 CANCELLED, over the last week), PENDING ones ('pending': nine in ten due within
+-- the last hour over five priorities, the rest due within the next day), or RUNNING ones
+-- ('running', under a live lease), spread over %(types)s task types.
+INSERT INTO tasks (id, name, task_type, status, priority, scheduled_time, created_at,
+                   finished_at, started_at, error_message, claimed_by, lease_until,
+                   lease_token, unique_key)
+SELECT %(kind)s || '-' || g, 'bench ' || g, 'type' || (g %% %(types)s::integer),
+       CASE %(kind)s
+           WHEN 'pending' THEN 'PENDING' WHEN 'running' THEN 'RUNNING'
+           ELSE CASE WHEN g %% 50 = 0 THEN 'CANCELLED' WHEN g %% 50 < 5 THEN 'FAILED'
+                     ELSE 'COMPLETED' END END,
+       CASE WHEN %(kind)s = 'pending' THEN g %% 5 ELSE 0 END,
+       CASE WHEN %(kind)s = 'pending' AND g %% 10 = 0
+            THEN now() + (g %% 86400) * interval '1 second'
+            ELSE now() - (g %% 3600) * interval '1 second' END,
+       now() - interval '1 hour',
+       CASE WHEN %(kind)s = 'finished' THEN now() - (g %% 604800) * interval '1 second' END,
+       CASE WHEN %(kind)s <> 'pending' THEN now() - (g %% 600) * interval '1 second' END,
+       CASE WHEN %(kind)s = 'finished' AND g %% 50 BETWEEN 1 AND 4
+            THEN 'ValueError: row ' || g || ' refused by the upstream' END,
+       CASE WHEN %(kind)s = 'running' THEN 'bench:' || g END,
+       CASE WHEN %(kind)s = 'running' THEN now() + interval '1 hour' END,
+       CASE WHEN %(kind)s = 'running' THEN g END,
+       CASE WHEN g %% 100 = 0 THEN %(kind)s || '-key-' || g END
+FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(count)s - 1) AS g;

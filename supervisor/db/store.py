@@ -446,3 +446,11 @@ def console_tasks(conn, name: str, params: dict[str, Any]) -> list[dict]:
 def console_task(conn, task_id: str) -> dict | None:
     rows = _unprepared(conn, "console_task", {"task_id": task_id})
     return rows[0] if rows else None
+
+
+def fill_bench_tasks(conn, *, kind: str, first: int, count: int, types: int) -> None:
+    """pgtaskd web-bench only, in its scratch schema: ``count`` finished, pending or
+    running tasks in one statement."""
+    with conn.cursor() as cur:
+        cur.execute(QUERIES["web_bench_fill"], {"kind": kind, "first": first, "count": count,
+                                                "types": types})
