@@ -30,6 +30,7 @@ class MinuteRollup(PeriodicService):
     def __init__(self, dsn: str, *, connect_timeout: float = 5.0, pooled: bool = False):
         super().__init__(dsn, INTERVAL, connect_timeout=connect_timeout, pooled=pooled)
         self._wait = INTERVAL
+        self._passes = 0
 
     def run_once(self) -> dict:
         """Roll up the minutes that ended and nobody rolled up: {minutes_written,
@@ -37,8 +38,11 @@ class MinuteRollup(PeriodicService):
         result = store.rollup_minutes(self.connection(), cap=queue_figures.COUNT_CAP,
                                       catch_up=CATCH_UP, max_types=MAX_TYPES)
         self._wait = max(1.0, INTERVAL + SETTLE - result["into_minute"])
-        if result["minutes_written"] > 1:
+        # The first pass of a daemon fills what was missed before it started, as expected;
+        # a later one that writes several minutes found a gap while this daemon ran.
+        if result["minutes_written"] > 1 and self._passes:
             emit("rollup_caught_up", minutes=result["minutes_written"])
+        self._passes += 1
         return result
 
     def next_wait(self) -> float:

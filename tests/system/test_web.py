@@ -14,6 +14,8 @@ import yaml
 from conftest import REPO_DIR, wait_until
 from web_console import PASSWORD, WebConsole, password_hash
 
+pytest_plugins = ["daemon"]
+
 
 @pytest.fixture
 def console(tmp_path, db_dsn):
@@ -131,3 +133,21 @@ def test_a_form_past_its_bound_is_refused(console):
                                    body={"csrf": token, "user": "x" * 20000},
                                    headers={"Cookie": cookie})
     assert status == 413
+
+
+def test_a_daemon_rolls_up_the_minutes_the_console_charts(start_daemon, conn):
+    conn.execute("INSERT INTO tasks (id, name, task_type, status, finished_at) VALUES "
+                 "('done', 'n', 'echo', 'COMPLETED', "
+                 " date_trunc('minute', now()) - interval '2 minutes')")
+    conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) "
+                 "VALUES ('waits', 'n', 'nobody_runs_this', now() - interval '1 minute')")
+    daemon = start_daemon()
+    # Its first pass, at start: the ten minutes before it, the last one with the queue seen.
+    wait_until(lambda: conn.execute("SELECT count(*) FROM pgtaskd_minute_rollup "
+                                    "WHERE task_type = ''").fetchone()[0] == 10,
+               timeout=10, message="the rollup's first pass")
+    rows = conn.execute("SELECT task_type, completed, due FROM pgtaskd_minute_rollup "
+                        "WHERE task_type <> '' ORDER BY minute, task_type").fetchall()
+    assert ("echo", 1, None) in rows and ("nobody_runs_this", 0, 1) in rows
+    daemon.refresh()
+    assert not [e for e in daemon.events if e["event"].startswith("rollup_")]
