@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import re
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 
 from ..client import STATUSES, TaskFilter, TaskNotFound
 from ..db.loaders import StoredJson
+from ..errors import UsageError
 from . import charts
 from .app import Console
 
@@ -51,7 +53,6 @@ def task_list(console: Console):
         query = request.query_params
         unknown = sorted(set(query) - set(LIST_FIELDS) - {"after", "notice"})
         if unknown:
-            from ..errors import UsageError
             raise UsageError(f"{unknown[0]}: not a filter of this list (filters: "
                              f"{', '.join(LIST_FIELDS)})")
         given = {field: query.get(key) for key, field in LIST_FIELDS.items() if key in query}
@@ -70,8 +71,6 @@ def task_list(console: Console):
 
 
 def _query(shown: dict, after: str | None) -> str:
-    from urllib.parse import urlencode
-
     pairs = [(key, value) for key, value in shown.items() if value]
     if after:
         pairs.append(("after", after))
