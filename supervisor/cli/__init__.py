@@ -40,6 +40,7 @@ EPILOG = textwrap.dedent("""\
       pgtaskd schedules                                  periodic tasks: next and last runs
       pgtaskd limit TYPE N / pgtaskd limits              global concurrency limits
       pgtaskd daemons                                    the daemons, their children, their tasks
+      pgtaskd web -c etc/pgtaskd.yaml                    the web console (the web extra)
 
     Every command takes -c FILE (default: $PGTASKD_CONFIG) and --json. The database is
     database.dsn from the config, or $PGTASKD_DSN, or else the embedded PostgreSQL.
@@ -155,6 +156,36 @@ def build_parser() -> argparse.ArgumentParser:
                             "default 1)")
     bench.add_argument("--async", dest="async_handler", action="store_true",
                        help="the drained handler is async def, run on each child's event loop")
+
+    web = commands.add_parser(
+        "web", help="run the web console (or hash a password for its config)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve the web console on web.listen (127.0.0.1:8464 by default): the "
+                    "overview, tasks, schedules, limits and pauses, updated live. Read-only "
+                    "unless web.actions is true and the user is authenticated. "
+                    "'pgtaskd web hash-password' reads a password (from the terminal, or "
+                    "one line of stdin) and prints its hash for web.auth.users.",
+        epilog="examples:\n  pgtaskd web -c /etc/pgtaskd/pgtaskd.yaml\n"
+               "  pgtaskd web hash-password")
+    _add_config(web)
+    web.add_argument("action", nargs="?", choices=["hash-password"], default=None,
+                     help="hash-password: print the hash of a password for web.auth.users")
+    web_bench = _command(
+        commands, "web-bench", "measure the web console's page timings",
+        "In a schema of its own on the configured database (created and dropped by the run), "
+        "fill --finished finished and --pending pending tasks, start the console on a free "
+        "port of 127.0.0.1, request each page --requests times and print the server time "
+        "of each (its Server-Timing header): p50 and p95 in milliseconds.",
+        "pgtaskd web-bench -c etc/pgtaskd.yaml\n"
+        "pgtaskd web-bench --finished 5000000 --pending 1000000 --requests 200")
+    web_bench.add_argument("--finished", type=non_negative_int, default=500_000, metavar="N",
+                           help="finished tasks to fill (default 500000)")
+    web_bench.add_argument("--pending", type=non_negative_int, default=100_000, metavar="N",
+                           help="pending tasks to fill (default 100000)")
+    web_bench.add_argument("--requests", type=positive_int, default=100, metavar="N",
+                           help="requests per page (default 100)")
+    web_bench.add_argument("--keep", action="store_true",
+                           help="keep the filled schema (its name is printed) for another run")
 
     _add_task_commands(commands)
     return parser
@@ -378,6 +409,7 @@ _COMMAND_MODULES = {
     **dict.fromkeys(["submit", "cancel", "retry", "show", "list", "stats"], "task_commands"),
     **dict.fromkeys(["pause", "resume", "limit", "limits", "schedules"], "fleet_commands"),
     "daemons": "registry_commands",
+    **dict.fromkeys(["web", "web-bench"], "web_commands"),
 }
 
 

@@ -55,7 +55,9 @@ def _schema_dsn(dsn: str, schema: str) -> str:
 
 
 @contextlib.contextmanager
-def scratch_schema(dsn: str):
+def scratch_schema(dsn: str, *, keep: bool = False):
+    """A new schema, migrated, for as long as the block runs (``keep``: left in place, its
+    name on stderr)."""
     schema = f"pgtaskd_bench_{uuid.uuid4().hex[:8]}"
     with connect(dsn) as admin:
         admin.execute(f"CREATE SCHEMA {schema}")
@@ -65,8 +67,11 @@ def scratch_schema(dsn: str):
             migrate(conn)
         yield bench_dsn
     finally:
-        with connect(dsn) as admin:
-            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        if keep:
+            print(f"kept schema {schema}", file=sys.stderr)
+        else:
+            with connect(dsn) as admin:
+                admin.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def noop_tasks(count: int, task_type: str = "noop"):

@@ -22,6 +22,7 @@ writes nothing. Database trouble raises OperationalError with a one-line message
 from ..task_fields import (MAX_DELAY_SECONDS, MAX_ID_LENGTH, MAX_NAME_LENGTH,
                            MAX_PAUSED_BY_LENGTH, MAX_UNIQUE_KEY_LENGTH, SUBMIT_FIELDS, NewTask,
                            prepare_task, serialize_payload)
+from .browse import Browsing, Page, TaskFilter
 from .connection import DEFAULT_CONNECT_TIMEOUT, ClientConnection
 from .daemons import DAEMON_STATES, DEFAULT_DAEMONS_LIMIT, MAX_DAEMONS_LIMIT, Daemons
 from .operate import (CANCELLABLE_STATUSES, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT,
@@ -34,12 +35,12 @@ __all__ = [
     "DEFAULT_LIST_LIMIT", "MAX_DAEMONS_LIMIT", "MAX_DELAY_SECONDS",
     "MAX_ID_LENGTH", "MAX_LIST_LIMIT", "MAX_NAME_LENGTH", "MAX_PAUSED_BY_LENGTH",
     "MAX_SUBMIT_ROUNDS", "MAX_UNIQUE_KEY_LENGTH", "RETRYABLE_STATUSES", "STATUSES",
-    "SUBMIT_FIELDS", "Client", "NewTask", "SubmittedId", "TaskNotFound", "TaskStateError",
+    "SUBMIT_FIELDS", "Client", "NewTask", "Page", "TaskFilter", "SubmittedId", "TaskNotFound", "TaskStateError",
     "check_status", "prepare_task", "serialize_payload", "who_pauses",
 ]
 
 
-class Client(Submitting, Operating, Daemons, ClientConnection):
+class Client(Submitting, Operating, Daemons, Browsing, ClientConnection):
     """Submit and manage tasks over one connection.
 
     Not for concurrent use by several threads (they would share one transaction state):

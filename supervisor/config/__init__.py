@@ -26,8 +26,8 @@ from .defaults import (CANCEL_MODES, CATCH_UP_POLICIES, CONFIG_ENV, CONFIG_SNAPS
 from .loader import load_config, parse_config, resolve_config_path
 from .model import (DEFAULT_POLICY, Config, DatabaseConfig, HandlersConfig, HealthConfig,
                     LeaseConfig, MetricsConfig, PoolConfig, ReaperConfig, RegistryConfig,
-                    RetentionConfig,
-                    RetryConfig, RunPolicy, ScheduleConfig, schedule_task_id)
+                    RetentionConfig, RetryConfig, RunPolicy, ScheduleConfig, WebAuthConfig,
+                    WebConfig, schedule_task_id)
 
 __all__ = [
     "CANCEL_MODES", "CATCH_UP_POLICIES", "CONFIG_ENV", "CONFIG_SNAPSHOT_ENV", "DEFAULT_CATCH_UP",
@@ -45,7 +45,7 @@ __all__ = [
     "MAX_TASK_TYPE_LENGTH", "Config", "DatabaseConfig", "HandlersConfig", "HealthConfig",
     "LeaseConfig", "MetricsConfig", "PoolConfig", "REGISTRY_KEPT_SECONDS",
     "REGISTRY_LOST_BEATS", "REGISTRY_LOST_FLOOR", "ReaperConfig", "RegistryConfig",
-    "RetentionConfig",
-    "RetryConfig", "RunPolicy", "ScheduleConfig", "load_config", "parse_config",
+    "RetentionConfig", "RetryConfig", "RunPolicy", "ScheduleConfig", "WebAuthConfig",
+    "WebConfig", "load_config", "parse_config",
     "resolve_config_path", "schedule_task_id",
 ]

@@ -38,6 +38,14 @@ DEFAULT_METRICS_MAX_CONNECTIONS = 64
 DEFAULT_METRICS_REQUEST_TIMEOUT = 5.0
 # Beside the config file (relative paths in a config are read from its folder).
 DEFAULT_DATA_DIR = "var/pgdata"
+# The web console (pgtaskd web).
+DEFAULT_WEB_LISTEN = "127.0.0.1:8464"
+DEFAULT_WEB_MAX_CONNECTIONS = 64
+DEFAULT_WEB_REQUEST_TIMEOUT = 10.0
+DEFAULT_WEB_REFRESH_INTERVAL = 1.0
+DEFAULT_WEB_DB_CONNECTIONS = 4
+MAX_WEB_DB_CONNECTIONS = 32
+MIN_WEB_REFRESH_INTERVAL = 0.5
 DEFAULT_HANDLERS_PATH = "handlers"
 MAX_BATCH_SIZE = 1000
 # A child's claims at once (pools.<name>.concurrency): far past what one event loop serves

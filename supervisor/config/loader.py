@@ -35,13 +35,15 @@ from .model import (Config, DatabaseConfig, HealthConfig, LeaseConfig, LoggingCo
 from ..logs import FORMATS as LOG_FORMATS, LEVELS as LOG_LEVELS
 from .handler_pools import parse_handlers, parse_pools
 from .schedules import parse_schedules
+from .web import parse_web
 from .validator import Validator, shown_key, type_name
 from .yaml_file import check_size, parse_yaml, read_config_text
 
 
 _TOP_KEYS = {"database", "lease", "poll_interval", "retry", "handlers", "pools",
              "shutdown_timeout", "reload_timeout", "reaper", "health", "retention",
-             "metrics", "logging", "max_payload_bytes", "schedules", "limits", "registry"}
+             "metrics", "logging", "max_payload_bytes", "schedules", "limits", "registry",
+             "web"}
 
 
 def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
@@ -96,8 +98,8 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     retention = _parse_retention(v, tree)
     metrics_tree = v.section(tree, "metrics", "", {"listen", "max_connections",
                                                    "request_timeout"})
-    listen = _parse_listen(v, v.string(metrics_tree, "listen", "metrics",
-                                       DEFAULT_METRICS_LISTEN) or "")
+    listen = parse_listen(v, v.string(metrics_tree, "listen", "metrics",
+                                      DEFAULT_METRICS_LISTEN) or "")
 
     max_payload_bytes = v.integer(tree, "max_payload_bytes", "", DEFAULT_MAX_PAYLOAD_BYTES,
                                   minimum=2, maximum=MAX_PAYLOAD_LIMIT)
@@ -148,6 +150,7 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
         max_payload_bytes=max_payload_bytes,
         schedules=schedules,
         limits=_parse_limits(v, tree),
+        web=parse_web(v, tree),
         source=source,
     )
     if v.problems:
@@ -155,8 +158,9 @@ def parse_config(tree: Any, *, base_dir: Path, path: Path | None = None,
     return config
 
 
-def _parse_listen(v: Validator, listen: str) -> str:
-    """``address:port`` of the metrics endpoint, or "" (off).
+def parse_listen(v: Validator, listen: str, key: str = "metrics.listen",
+                 default: str = DEFAULT_METRICS_LISTEN) -> str:
+    """``address:port`` of the metrics endpoint (or the console's, ``key``), or "" (off).
 
     The address must be an IP literal. A host name would be resolved when the daemon binds,
     by whatever DNS says then: check-config could not tell whether the endpoint, which has no
@@ -167,9 +171,9 @@ def _parse_listen(v: Validator, listen: str) -> str:
         return ""
     match = re.match(r"^(?:\[([^\]]*)\]|([^:\s\[\]]+)):(\d{1,5})$", listen)
     if not match:
-        v.problem("metrics.listen",
+        v.problem(key,
                   f"must be address:port (like 127.0.0.1:9464 or [::1]:9464), got {quote(listen)}")
-        return DEFAULT_METRICS_LISTEN
+        return default
     literal, port = match.group(1) or match.group(2), int(match.group(3))
     version = 6 if match.group(1) is not None else 4
     try:
@@ -177,13 +181,13 @@ def _parse_listen(v: Validator, listen: str) -> str:
     except ValueError:
         address = None
     if address is None or address.version != version:
-        v.problem("metrics.listen",
+        v.problem(key,
                   f"must be an IP address (like 127.0.0.1 or [::1]), not a host name, which "
                   f"would be resolved only at bind time, got {quote(listen)}")
-        return DEFAULT_METRICS_LISTEN
+        return default
     if not 1 <= port <= 65535:
-        v.problem("metrics.listen", f"port must be from 1 to 65535, got {quote(listen)}")
-        return DEFAULT_METRICS_LISTEN
+        v.problem(key, f"port must be from 1 to 65535, got {quote(listen)}")
+        return default
     return listen
 
 

@@ -22,7 +22,10 @@ from .defaults import (DEFAULT_CATCH_UP, DEFAULT_HEALTH_INTERVAL, DEFAULT_LEASE_
                        DEFAULT_RENEW_INTERVAL, DEFAULT_RETENTION_BATCH_SIZE, DEFAULT_RETENTION_CANCELLED,
                        DEFAULT_RETENTION_COMPLETED, DEFAULT_RETENTION_FAILED,
                        DEFAULT_RETENTION_INTERVAL, DEFAULT_RETRY_BASE_DELAY, DEFAULT_RETRY_JITTER,
-                       DEFAULT_RETRY_MAX_DELAY, DEFAULT_SHUTDOWN_TIMEOUT, FINISHED_STATUSES)
+                       DEFAULT_RETRY_MAX_DELAY, DEFAULT_SHUTDOWN_TIMEOUT,
+                       DEFAULT_WEB_DB_CONNECTIONS, DEFAULT_WEB_LISTEN,
+                       DEFAULT_WEB_MAX_CONNECTIONS, DEFAULT_WEB_REFRESH_INTERVAL,
+                       DEFAULT_WEB_REQUEST_TIMEOUT, FINISHED_STATUSES)
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,52 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class WebAuthConfig:
+    users: Mapping[str, str] = field(default_factory=dict)
+    """User name -> password hash (``pgtaskd web hash-password``): who may log in."""
+    proxy_header: str | None = None
+    """A header that a reverse proxy in front of the console sets to the user it
+    authenticated (like ``X-Forwarded-User``); believed only from ``trusted_proxies``."""
+    trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")
+    """The addresses whose ``proxy_header`` is believed: the proxy's own."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.users) or self.proxy_header is not None
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """``pgtaskd web``: the console, a process of its own."""
+
+    listen: str = DEFAULT_WEB_LISTEN
+    """``address:port`` it serves on; beyond loopback only with ``auth``."""
+    actions: bool = False
+    """Whether an authenticated user may act (retry, cancel, pause, resume, limits); off,
+    the console only shows."""
+    auth: WebAuthConfig = field(default_factory=WebAuthConfig)
+    max_connections: int = DEFAULT_WEB_MAX_CONNECTIONS
+    """Connections open at once; past it a new one takes the place of the oldest that has
+    not sent its request for a second, or is closed."""
+    request_timeout: float = DEFAULT_WEB_REQUEST_TIMEOUT
+    """Seconds a client has to send a request's head (and an idle kept-alive connection
+    waits for its next one) and, again, to take the answer."""
+    refresh_interval: float = DEFAULT_WEB_REFRESH_INTERVAL
+    """Seconds between a page's live updates."""
+    db_connections: int = DEFAULT_WEB_DB_CONNECTIONS
+    """Database connections the console holds at most (pages wait for one)."""
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    @property
+    def exposed(self) -> bool:
+        return not ipaddress.ip_address(self.address[0]).is_loopback
+
+
+@dataclass(frozen=True)
 class ScheduleConfig:
     """A periodic task: one task of ``task_type`` for each instant ``cron`` names, whose id is
     ``schedule:<name>:<the instant in UTC>``, so that every daemon may enqueue it and it
@@ -259,6 +308,7 @@ class Config:
     limits: dict[str, int] = field(default_factory=dict)
     """Global concurrency limits (task type -> most RUNNING at once across every daemon),
     written to the database at start and on each reload."""
+    web: WebConfig = field(default_factory=WebConfig)
     source: str | None = field(default=None, compare=False, repr=False)
     """The text of the config file this was parsed from (None for built-in defaults)."""
 
@@ -275,6 +325,10 @@ class Config:
             found.append(f"metrics.listen: {self.metrics.listen} is not a loopback address: "
                          f"/metrics and /healthz have no authentication, so anyone who can "
                          f"reach it reads the queue's state")
+        if self.web.exposed and not self.web.auth.enabled:
+            found.append(f"web.listen: {self.web.listen} is not a loopback address and "
+                         f"web.auth sets no users nor proxy_header: 'pgtaskd web' refuses "
+                         f"to start so")
         if self.handlers.types:
             found += [f"schedules.{s.name}.task_type: no handler for {quote(s.task_type)} "
                       f"under handlers.types; its tasks wait for a daemon whose config "

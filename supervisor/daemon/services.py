@@ -2,7 +2,8 @@
 
 Everything the supervisor does with the database runs here, on threads of its own: the
 lease keeper, the reaper, the health check, retention, the scheduler, the registry, the
-wake-up listener; plus the metrics archive and the HTTP endpoint. The arbiter's main loop only hands them work and reads
+minute rollup (for the web console), the wake-up listener; plus the metrics archive and the
+HTTP endpoint. The arbiter's main loop only hands them work and reads
 what they report, so it never waits on the database. ``wait_for_database`` runs once,
 before the loop and before any child exists.
 """
@@ -145,6 +146,7 @@ class Services:
         from ..maintenance.reaper import LeaseReaper
         from ..maintenance.registry import DaemonIdentity, DaemonRegistry
         from ..maintenance.retention import RetentionService
+        from ..maintenance.rollup import MinuteRollup
         from ..maintenance.scheduler import Scheduler
         from .wakeups import WakeRelay
 
@@ -179,8 +181,9 @@ class Services:
             dsn, interval=config.registry.interval, snapshot=self.snapshot,
             identity=DaemonIdentity.of(config, daemon_identity(config)),
             connect_timeout=timeout, pooled=pooled)
+        rollup = MinuteRollup(dsn, connect_timeout=timeout, pooled=pooled)
         self._threads = [self.keeper, reaper, self.health, self.retention, self.scheduler,
-                         self.limit_writer, self.registry]
+                         self.limit_writer, self.registry, rollup]
         listen_dsn = config.database.listen_dsn or (None if pooled else dsn)
         if config.database.listen and listen_dsn:
             self.relay = WakeRelay(listen_dsn, children=self.children, connect_timeout=timeout,

@@ -1486,3 +1486,534 @@ FROM (SELECT id::text AS id, daemon, host, pid, version, config_path, started_at
 WHERE %(state)s::text IS NULL OR d.state = %(state)s
 ORDER BY d.state IN ('lost', 'stopped'), d.host, d.daemon, d.started_at DESC, d.id
 LIMIT %(limit)s;
+
+-- The web console (pgtaskd web) and the rollup it reads. Each console statement reads a
+-- bounded number of index entries, whatever the table holds: no scan of tasks, no OFFSET,
+-- no sort of more than a page's budget. The console runs them as unnamed statements (it
+-- prepares nothing), so the planner sees which optional filters are NULL and plans each
+-- call for the filters it has.
+
+-- name: rollup_minutes
+-- A daemon's rollup service, once a minute: one row per task type and minute into
+-- pgtaskd_minute_rollup (migration 0015), for each complete minute of the last %(catch_up)s
+-- not rolled up yet (usually the one that just ended), plus the whole queue's row (task
+-- type '') that marks the minute done. Several daemons may run it at once: the rows are the
+-- same, and the second insert of a row does nothing.
+-- finished: the tasks COMPLETED or FAILED within those minutes, through tasks_finished_idx
+--   (status, finished_at): the minute's own rows, never older ones.
+-- depth: sampled now, for the minute that just ended: each type's due PENDING tasks (types
+--   found by a loose scan of the claim's index, at most %(max_types)s; each count stops past
+--   %(cap)s, marked due_at_least) and RUNNING ones (their partial index). A minute rolled up
+--   late has no sample: its queue was not seen.
+-- pruned: rows older than 25 hours (the console shows 24).
+-- into_minute: seconds since the current minute began, by the database's clock, so that
+-- the service waits for the end of this one.
+WITH RECURSIVE
+this AS MATERIALIZED (
+    SELECT date_trunc('minute', now()) AS minute
+),
+missing AS MATERIALIZED (
+    SELECT m.minute
+    FROM this
+    CROSS JOIN LATERAL generate_series(this.minute - make_interval(mins => %(catch_up)s),
+                                       this.minute - interval '1 minute',
+                                       interval '1 minute') AS m(minute)
+    WHERE NOT EXISTS (SELECT 1 FROM pgtaskd_minute_rollup AS r
+                      WHERE r.minute = m.minute AND r.task_type = '')
+),
+sampled AS MATERIALIZED (
+    SELECT missing.minute FROM missing, this
+    WHERE missing.minute = this.minute - interval '1 minute'
+),
+finished AS MATERIALIZED (
+    SELECT date_trunc('minute', t.finished_at) AS minute, t.task_type,
+           count(*) FILTER (WHERE t.status = 'COMPLETED') AS completed,
+           count(*) FILTER (WHERE t.status = 'FAILED') AS failed
+    FROM tasks AS t
+    WHERE t.status IN ('COMPLETED', 'FAILED')
+      AND t.finished_at >= (SELECT min(missing.minute) FROM missing)
+      AND t.finished_at < (SELECT this.minute FROM this)
+    GROUP BY 1, 2
+),
+due_types(task_type, n) AS (
+    (SELECT t.task_type, 1 FROM tasks AS t
+      WHERE EXISTS (SELECT 1 FROM sampled) AND t.status = 'PENDING' AND t.staged
+      ORDER BY t.task_type LIMIT 1)
+  UNION ALL
+    SELECT (SELECT t.task_type FROM tasks AS t
+             WHERE t.status = 'PENDING' AND t.staged AND t.task_type > d.task_type
+             ORDER BY t.task_type LIMIT 1), d.n + 1
+    FROM due_types AS d
+    WHERE d.task_type IS NOT NULL AND d.n < %(max_types)s
+),
+depth AS MATERIALIZED (
+    SELECT d.task_type, c.due, c.due > %(cap)s AS due_at_least
+    FROM due_types AS d
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS due
+        FROM (SELECT 1 FROM tasks AS t
+               WHERE t.status = 'PENDING' AND t.staged AND t.task_type = d.task_type
+                 AND t.scheduled_time <= now()
+               LIMIT %(cap)s + 1) AS capped) AS c
+    WHERE d.task_type IS NOT NULL
+),
+running AS MATERIALIZED (
+    SELECT t.task_type, count(*) AS running
+    FROM tasks AS t
+    WHERE EXISTS (SELECT 1 FROM sampled) AND t.status = 'RUNNING'
+    GROUP BY t.task_type
+),
+typed AS MATERIALIZED (
+    SELECT parts.minute, parts.task_type, sum(parts.completed) AS completed,
+           sum(parts.failed) AS failed, max(parts.due) AS due,
+           bool_or(parts.due_at_least) AS due_at_least, max(parts.running) AS running
+    FROM (
+        SELECT f.minute, f.task_type, f.completed, f.failed, NULL::bigint AS due,
+               false AS due_at_least, NULL::bigint AS running
+        FROM finished AS f
+        WHERE f.minute IN (SELECT missing.minute FROM missing)
+        UNION ALL
+        SELECT sampled.minute, depth.task_type, 0, 0, depth.due, depth.due_at_least, NULL
+        FROM sampled CROSS JOIN depth
+        WHERE depth.due > 0
+        UNION ALL
+        SELECT sampled.minute, running.task_type, 0, 0, NULL, false, running.running
+        FROM sampled CROSS JOIN running
+    ) AS parts
+    GROUP BY parts.minute, parts.task_type
+),
+whole AS (
+    SELECT missing.minute, '' AS task_type,
+           coalesce((SELECT sum(typed.completed) FROM typed
+                      WHERE typed.minute = missing.minute), 0) AS completed,
+           coalesce((SELECT sum(typed.failed) FROM typed
+                      WHERE typed.minute = missing.minute), 0) AS failed,
+           CASE WHEN missing.minute IN (SELECT sampled.minute FROM sampled)
+                THEN (SELECT coalesce(sum(depth.due), 0) FROM depth) END AS due,
+           missing.minute IN (SELECT sampled.minute FROM sampled)
+               AND (coalesce((SELECT bool_or(depth.due_at_least) FROM depth), false)
+                    OR (SELECT count(*) FROM depth) >= %(max_types)s) AS due_at_least,
+           CASE WHEN missing.minute IN (SELECT sampled.minute FROM sampled)
+                THEN (SELECT coalesce(sum(running.running), 0) FROM running) END AS running
+    FROM missing
+),
+written AS (
+    INSERT INTO pgtaskd_minute_rollup (minute, task_type, completed, failed, due,
+                                       due_at_least, running)
+    SELECT rows.minute, rows.task_type, least(rows.completed, 2147483647),
+           least(rows.failed, 2147483647),
+           CASE WHEN rows.due IS NOT NULL THEN least(rows.due, 2147483647) END,
+           rows.due_at_least,
+           CASE WHEN rows.running IS NOT NULL THEN least(rows.running, 2147483647) END
+    FROM (SELECT * FROM typed UNION ALL SELECT * FROM whole) AS rows
+    ON CONFLICT (minute, task_type) DO NOTHING
+    RETURNING minute, task_type
+),
+pruned AS (
+    DELETE FROM pgtaskd_minute_rollup AS r
+    WHERE r.minute < (SELECT this.minute FROM this) - interval '25 hours'
+)
+SELECT (SELECT count(*) FROM written WHERE task_type = '') AS minutes_written,
+       extract(epoch FROM now() - (SELECT this.minute FROM this))::float8 AS into_minute;
+
+-- name: console_overview
+-- The console's overview: one row per task type (at most %(max_types)s, by name) that has
+-- PENDING or RUNNING tasks, finished ones in the last 24 h of the rollup, a pause, a limit,
+-- or a handler in the console's config (%(known_types)s).
+-- The types with PENDING tasks are found by a loose scan of each PENDING index (one probe
+-- per type); each count reads at most %(cap)s + 1 index entries (the caller says "at least"
+-- past it); RUNNING tasks are few (bounded by the workers) and read through their index.
+-- due / soon: staged rows (migration 0010) whose time has come, or comes within a second;
+-- later: the rest, through tasks_future_type_idx (migration 0015).
+-- oldest_due: each priority level's first staged row by time (at most %(max_levels)s
+-- levels, highest first), the oldest of those that are due: exact unless a type has more
+-- levels than that.
+-- failed_24h / completed_1h: from the rollup, through the last complete minute.
+-- slots_in_use: the limit's slots held by a task RUNNING under a live lease (as list_limits).
+WITH RECURSIVE
+due_types(task_type, n) AS (
+    (SELECT t.task_type, 1 FROM tasks AS t
+      WHERE t.status = 'PENDING' AND t.staged
+      ORDER BY t.task_type LIMIT 1)
+  UNION ALL
+    SELECT (SELECT t.task_type FROM tasks AS t
+             WHERE t.status = 'PENDING' AND t.staged AND t.task_type > d.task_type
+             ORDER BY t.task_type LIMIT 1), d.n + 1
+    FROM due_types AS d
+    WHERE d.task_type IS NOT NULL AND d.n < %(max_types)s
+),
+later_types(task_type, n) AS (
+    (SELECT t.task_type, 1 FROM tasks AS t
+      WHERE t.status = 'PENDING' AND NOT t.staged
+      ORDER BY t.task_type LIMIT 1)
+  UNION ALL
+    SELECT (SELECT t.task_type FROM tasks AS t
+             WHERE t.status = 'PENDING' AND NOT t.staged AND t.task_type > l.task_type
+             ORDER BY t.task_type LIMIT 1), l.n + 1
+    FROM later_types AS l
+    WHERE l.task_type IS NOT NULL AND l.n < %(max_types)s
+),
+running AS MATERIALIZED (
+    SELECT t.task_type, count(*) AS running,
+           count(*) FILTER (WHERE t.lease_until <= now()) AS expired
+    FROM tasks AS t
+    WHERE t.status = 'RUNNING'
+    GROUP BY t.task_type
+),
+recent AS MATERIALIZED (
+    SELECT r.task_type, sum(r.failed) AS failed_24h,
+           coalesce(sum(r.completed) FILTER (
+               WHERE r.minute >= date_trunc('minute', now()) - interval '60 minutes'), 0)
+               AS completed_1h
+    FROM pgtaskd_minute_rollup AS r
+    WHERE r.minute >= date_trunc('minute', now()) - interval '24 hours'
+      AND r.task_type <> ''
+    GROUP BY r.task_type
+),
+types AS MATERIALIZED (
+    SELECT DISTINCT every_source.task_type
+    FROM (SELECT task_type FROM due_types
+          UNION ALL SELECT task_type FROM later_types
+          UNION ALL SELECT task_type FROM running
+          UNION ALL SELECT task_type FROM recent
+          UNION ALL SELECT task_type FROM task_type_pauses
+          UNION ALL SELECT task_type FROM task_type_limits
+          UNION ALL SELECT unnest(%(known_types)s::text[])) AS every_source
+    WHERE every_source.task_type IS NOT NULL
+    ORDER BY every_source.task_type
+    LIMIT %(max_types)s
+)
+SELECT types.task_type,
+       staged.due, staged.soon, staged.seen > %(cap)s AS due_at_least,
+       later.seen AS later, later.seen > %(cap)s AS later_at_least,
+       coalesce(running.running, 0) AS running, coalesce(running.expired, 0) AS expired,
+       coalesce(recent.failed_24h, 0) AS failed_24h,
+       coalesce(recent.completed_1h, 0) AS completed_1h,
+       oldest.due_since,
+       CASE WHEN oldest.due_since IS NOT NULL
+            THEN extract(epoch FROM now() - greatest(oldest.due_since, '0001-01-01 00:00Z'))::float8
+       END AS oldest_due_age,
+       pause.paused_at, pause.paused_by,
+       lim.max_running, slots.in_use AS slots_in_use
+FROM types
+LEFT JOIN running ON running.task_type = types.task_type
+LEFT JOIN recent ON recent.task_type = types.task_type
+LEFT JOIN task_type_pauses AS pause ON pause.task_type = types.task_type
+LEFT JOIN task_type_limits AS lim ON lim.task_type = types.task_type
+CROSS JOIN LATERAL (
+    SELECT count(*) AS seen,
+           count(*) FILTER (WHERE capped.scheduled_time <= now()) AS due,
+           count(*) FILTER (WHERE capped.scheduled_time > now()) AS soon
+    FROM (SELECT t.scheduled_time FROM tasks AS t
+           WHERE t.status = 'PENDING' AND t.staged AND t.task_type = types.task_type
+           LIMIT %(cap)s + 1) AS capped) AS staged
+CROSS JOIN LATERAL (
+    SELECT count(*) AS seen
+    FROM (SELECT 1 FROM tasks AS t
+           WHERE t.status = 'PENDING' AND NOT t.staged AND t.task_type = types.task_type
+           LIMIT %(cap)s + 1) AS capped) AS later
+LEFT JOIN LATERAL (
+    WITH RECURSIVE type_levels(priority, n) AS (
+        (SELECT t.priority, 1 FROM tasks AS t
+          WHERE t.status = 'PENDING' AND t.staged AND t.task_type = types.task_type
+          ORDER BY t.priority DESC LIMIT 1)
+      UNION ALL
+        SELECT (SELECT t.priority FROM tasks AS t
+                 WHERE t.status = 'PENDING' AND t.staged AND t.task_type = types.task_type
+                   AND t.priority < type_levels.priority
+                 ORDER BY t.priority DESC LIMIT 1), type_levels.n + 1
+        FROM type_levels
+        WHERE type_levels.priority IS NOT NULL AND type_levels.n < %(max_levels)s
+    )
+    SELECT min(first_row.scheduled_time) AS due_since
+    FROM type_levels
+    CROSS JOIN LATERAL (
+        SELECT t.scheduled_time FROM tasks AS t
+        WHERE t.status = 'PENDING' AND t.staged AND t.task_type = types.task_type
+          AND t.priority = type_levels.priority
+        ORDER BY t.scheduled_time LIMIT 1) AS first_row
+    WHERE type_levels.priority IS NOT NULL AND first_row.scheduled_time <= now()
+) AS oldest ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) AS in_use
+    FROM task_type_slots AS s
+    JOIN tasks AS t ON t.id = s.task_id AND t.lease_token = s.lease_token
+    WHERE lim.task_type IS NOT NULL AND s.task_type = types.task_type
+      AND t.status = 'RUNNING' AND t.lease_until > now()
+) AS slots ON true
+ORDER BY types.task_type;
+
+-- name: console_activity
+-- The console's charts: the whole queue's rollup row of each of the last %(minutes)s
+-- complete minutes, NULLs where no daemon rolled the minute up.
+SELECT m.minute, r.completed, r.failed, r.due, r.due_at_least, r.running
+FROM generate_series(date_trunc('minute', now()) - make_interval(mins => %(minutes)s),
+                     date_trunc('minute', now()) - interval '1 minute',
+                     interval '1 minute') AS m(minute)
+LEFT JOIN pgtaskd_minute_rollup AS r ON r.minute = m.minute AND r.task_type = ''
+ORDER BY m.minute;
+
+-- name: console_pending
+-- The console's PENDING tasks in the order claims take them: first the staged ones (due, or
+-- due within a second) by priority, due time and age, read as complete_and_claim reads them
+-- (the priority levels, highest first, then each type's rows of a level, merged); then those
+-- due later, soonest first (through tasks_future_type_idx for one type, tasks_unstaged_idx
+-- for all). One type (%(task_type)s) or every type with staged rows (a loose scan, at most
+-- %(max_types)s).
+-- Keyset: only rows after the key of the last row shown (the after_ parameters; phase 'due' or
+-- 'later'; NULL for the first page). At most %(scan)s rows are read (scanned); the residual
+-- filters (prefixes of the id and the name, a unique key, a text in the error) keep some,
+-- and the caller pages on from the last one read when fewer than a page matched.
+-- Rows: the matches in order (at most %(page)s + 1), then, when the budget ran out, the last
+-- row read (scan_end). sort_key is what the next page's after_* are made of.
+WITH RECURSIVE
+every_type(task_type, n) AS (
+    (SELECT t.task_type, 1 FROM tasks AS t
+      WHERE %(task_type)s::text IS NULL AND t.status = 'PENDING' AND t.staged
+      ORDER BY t.task_type LIMIT 1)
+  UNION ALL
+    SELECT (SELECT t.task_type FROM tasks AS t
+             WHERE t.status = 'PENDING' AND t.staged AND t.task_type > e.task_type
+             ORDER BY t.task_type LIMIT 1), e.n + 1
+    FROM every_type AS e
+    WHERE e.task_type IS NOT NULL AND e.n < %(max_types)s
+),
+types(task_type) AS MATERIALIZED (
+    SELECT %(task_type)s::text WHERE %(task_type)s::text IS NOT NULL
+    UNION ALL
+    SELECT e.task_type FROM every_type AS e WHERE e.task_type IS NOT NULL
+),
+levels(priority) AS (
+    SELECT max(top.priority)
+    FROM types
+    CROSS JOIN LATERAL (
+        SELECT t.priority FROM tasks AS t
+        WHERE t.status = 'PENDING' AND t.staged AND t.task_type = types.task_type
+          AND t.priority <= coalesce(%(after_priority)s::integer, 2147483647)
+        ORDER BY t.priority DESC
+        LIMIT 1) AS top
+    WHERE %(after_phase)s::text IS DISTINCT FROM 'later'
+  UNION ALL
+    SELECT (SELECT max(top.priority)
+            FROM types
+            CROSS JOIN LATERAL (
+                SELECT t.priority FROM tasks AS t
+                WHERE t.status = 'PENDING' AND t.staged AND t.task_type = types.task_type
+                  AND t.priority < levels.priority
+                ORDER BY t.priority DESC
+                LIMIT 1) AS top)
+    FROM levels
+    WHERE levels.priority IS NOT NULL
+),
+due_rows AS (
+    SELECT level_rows.*
+    FROM levels
+    CROSS JOIN LATERAL (
+        SELECT r.*
+        FROM types
+        CROSS JOIN LATERAL (
+            SELECT t.id, t.name, t.task_type, t.status, t.priority, t.scheduled_time,
+                   t.created_at, t.updated_at, t.started_at, t.finished_at, t.retry_count,
+                   t.max_retries, t.attempts, t.claimed_by, t.lease_until, t.unique_key,
+                   t.error_message
+            FROM tasks AS t
+            WHERE t.status = 'PENDING' AND t.staged AND t.task_type = types.task_type
+              AND t.priority = levels.priority
+              AND (t.scheduled_time, t.created_at, t.id) >
+                  (CASE WHEN levels.priority = %(after_priority)s::integer
+                        THEN %(after_time)s::timestamptz ELSE '-infinity' END,
+                   CASE WHEN levels.priority = %(after_priority)s::integer
+                        THEN %(after_created)s::timestamptz ELSE '-infinity' END,
+                   CASE WHEN levels.priority = %(after_priority)s::integer
+                        THEN %(after_id)s::text ELSE '' END)
+            ORDER BY t.scheduled_time, t.created_at, t.id
+            LIMIT %(scan)s) AS r
+        ORDER BY r.scheduled_time, r.created_at, r.id
+        LIMIT %(scan)s) AS level_rows
+    WHERE levels.priority IS NOT NULL
+),
+later_rows AS (
+    SELECT t.id, t.name, t.task_type, t.status, t.priority, t.scheduled_time, t.created_at,
+           t.updated_at, t.started_at, t.finished_at, t.retry_count, t.max_retries,
+           t.attempts, t.claimed_by, t.lease_until, t.unique_key, t.error_message
+    FROM tasks AS t
+    WHERE t.status = 'PENDING' AND NOT t.staged
+      AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s::text)
+      AND (t.scheduled_time, t.id) >
+          (CASE WHEN %(after_phase)s::text = 'later'
+                THEN %(after_time)s::timestamptz ELSE '-infinity' END,
+           CASE WHEN %(after_phase)s::text = 'later' THEN %(after_id)s::text ELSE '' END)
+    ORDER BY t.scheduled_time, t.id
+    LIMIT %(scan)s
+),
+scanned AS MATERIALIZED (
+    SELECT both_parts.*,
+           json_build_array(CASE WHEN both_parts.phase = 0 THEN 'due' ELSE 'later' END,
+                            both_parts.priority, both_parts.scheduled_time,
+                            both_parts.created_at, both_parts.id) AS sort_key
+    FROM (SELECT 0 AS phase, d.* FROM (SELECT * FROM due_rows LIMIT %(scan)s) AS d
+          UNION ALL
+          SELECT 1 AS phase, l.* FROM later_rows AS l) AS both_parts
+    LIMIT %(scan)s
+),
+matched AS (
+    SELECT s.* FROM scanned AS s
+    WHERE (%(id_prefix)s::text IS NULL OR starts_with(s.id, %(id_prefix)s::text))
+      AND (%(name_prefix)s::text IS NULL OR starts_with(s.name, %(name_prefix)s::text))
+      AND (%(unique_key)s::text IS NULL OR s.unique_key = %(unique_key)s::text)
+      AND (%(error)s::text IS NULL
+           OR strpos(lower(s.error_message), lower(%(error)s::text)) > 0)
+    ORDER BY s.phase, CASE WHEN s.phase = 0 THEN -s.priority::bigint END, s.scheduled_time,
+             CASE WHEN s.phase = 0 THEN s.created_at END, s.id
+    LIMIT %(page)s + 1
+),
+scan_end AS (
+    SELECT s.* FROM scanned AS s
+    WHERE (SELECT count(*) FROM scanned) >= %(scan)s
+    ORDER BY s.phase DESC, CASE WHEN s.phase = 0 THEN -s.priority::bigint END DESC,
+             s.scheduled_time DESC, CASE WHEN s.phase = 0 THEN s.created_at END DESC,
+             s.id DESC
+    LIMIT 1
+)
+SELECT listed.* FROM (
+    SELECT m.*, false AS scan_end FROM matched AS m
+    UNION ALL
+    SELECT e.*, true AS scan_end FROM scan_end AS e) AS listed
+ORDER BY listed.scan_end, listed.phase,
+         CASE WHEN listed.phase = 0 THEN -listed.priority::bigint END, listed.scheduled_time,
+         CASE WHEN listed.phase = 0 THEN listed.created_at END, listed.id;
+
+-- name: console_running
+-- The console's RUNNING tasks, most recently started first: every RUNNING row is read
+-- through tasks_lease_idx (they are bounded by the workers), the type in the index scan's
+-- filter. Keyset, budget and rows as console_pending.
+WITH scanned AS MATERIALIZED (
+    SELECT 0 AS phase, t.id, t.name, t.task_type, t.status, t.priority, t.scheduled_time,
+           t.created_at, t.updated_at, t.started_at, t.finished_at, t.retry_count,
+           t.max_retries, t.attempts, t.claimed_by, t.lease_until, t.unique_key,
+           t.error_message,
+           json_build_array('running', coalesce(t.started_at, '-infinity'), t.id) AS sort_key
+    FROM tasks AS t
+    WHERE t.status = 'RUNNING' AND t.lease_until IS NOT NULL
+      AND (%(task_type)s::text IS NULL OR t.task_type = %(task_type)s::text)
+      AND (%(after_time)s::timestamptz IS NULL
+           OR (coalesce(t.started_at, '-infinity'), t.id)
+              < (%(after_time)s::timestamptz, %(after_id)s::text))
+    ORDER BY coalesce(t.started_at, '-infinity') DESC, t.id DESC
+    LIMIT %(scan)s
+),
+matched AS (
+    SELECT s.* FROM scanned AS s
+    WHERE (%(id_prefix)s::text IS NULL OR starts_with(s.id, %(id_prefix)s::text))
+      AND (%(name_prefix)s::text IS NULL OR starts_with(s.name, %(name_prefix)s::text))
+      AND (%(unique_key)s::text IS NULL OR s.unique_key = %(unique_key)s::text)
+      AND (%(error)s::text IS NULL
+           OR strpos(lower(s.error_message), lower(%(error)s::text)) > 0)
+    ORDER BY coalesce(s.started_at, '-infinity') DESC, s.id DESC
+    LIMIT %(page)s + 1
+),
+scan_end AS (
+    SELECT s.* FROM scanned AS s
+    WHERE (SELECT count(*) FROM scanned) >= %(scan)s
+    ORDER BY coalesce(s.started_at, '-infinity'), s.id
+    LIMIT 1
+)
+SELECT listed.* FROM (
+    SELECT m.*, false AS scan_end FROM matched AS m
+    UNION ALL
+    SELECT e.*, true AS scan_end FROM scan_end AS e) AS listed
+ORDER BY listed.scan_end, coalesce(listed.started_at, '-infinity') DESC, listed.id DESC;
+
+-- name: console_finished
+-- The console's tasks of one finished status, most recently finished first, through
+-- tasks_finished_idx (status, finished_at) read backwards from the key of the last row
+-- shown. A type is a residual filter here like the texts: no index of finished rows has
+-- the type (every final write would pay for one), so a rare type among millions of
+-- finished tasks is found a budget of rows at a time, never by reading them all at once.
+-- A row marked finished by hand without a finished_at is not listed (retention ages it by
+-- updated_at). Keyset, budget and rows as console_pending.
+WITH scanned AS MATERIALIZED (
+    SELECT 0 AS phase, t.id, t.name, t.task_type, t.status, t.priority, t.scheduled_time,
+           t.created_at, t.updated_at, t.started_at, t.finished_at, t.retry_count,
+           t.max_retries, t.attempts, t.claimed_by, t.lease_until, t.unique_key,
+           t.error_message,
+           json_build_array('finished', t.finished_at, t.id) AS sort_key
+    FROM tasks AS t
+    WHERE t.status = %(status)s::text AND t.status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+      AND t.finished_at IS NOT NULL
+      AND (%(after_time)s::timestamptz IS NULL
+           OR (t.finished_at, t.id) < (%(after_time)s::timestamptz, %(after_id)s::text))
+    ORDER BY t.finished_at DESC, t.id DESC
+    LIMIT %(scan)s
+),
+matched AS (
+    SELECT s.* FROM scanned AS s
+    WHERE (%(task_type)s::text IS NULL OR s.task_type = %(task_type)s::text)
+      AND (%(id_prefix)s::text IS NULL OR starts_with(s.id, %(id_prefix)s::text))
+      AND (%(name_prefix)s::text IS NULL OR starts_with(s.name, %(name_prefix)s::text))
+      AND (%(unique_key)s::text IS NULL OR s.unique_key = %(unique_key)s::text)
+      AND (%(error)s::text IS NULL
+           OR strpos(lower(s.error_message), lower(%(error)s::text)) > 0)
+    ORDER BY s.finished_at DESC, s.id DESC
+    LIMIT %(page)s + 1
+),
+scan_end AS (
+    SELECT s.* FROM scanned AS s
+    WHERE (SELECT count(*) FROM scanned) >= %(scan)s
+    ORDER BY s.finished_at, s.id
+    LIMIT 1
+)
+SELECT listed.* FROM (
+    SELECT m.*, false AS scan_end FROM matched AS m
+    UNION ALL
+    SELECT e.*, true AS scan_end FROM scan_end AS e) AS listed
+ORDER BY listed.scan_end, listed.finished_at DESC, listed.id DESC;
+
+-- name: console_live_key_holder
+-- The console's tasks filtered by a unique key among PENDING or RUNNING tasks: the one task
+-- that holds it, through tasks_live_unique_key_idx.
+SELECT 0 AS phase, t.id, t.name, t.task_type, t.status, t.priority, t.scheduled_time,
+       t.created_at, t.updated_at, t.started_at, t.finished_at, t.retry_count, t.max_retries,
+       t.attempts, t.claimed_by, t.lease_until, t.unique_key, t.error_message,
+       NULL::json AS sort_key, false AS scan_end
+FROM tasks AS t
+WHERE t.unique_key = %(unique_key)s::text AND t.unique_key IS NOT NULL
+  AND t.status IN ('PENDING', 'RUNNING') AND t.status = %(status)s::text;
+
+-- name: console_task
+-- One task for the console's page: every column, with the lease left by the database's
+-- clock (negative once it ran out) and that clock.
+SELECT t.*, CASE WHEN isfinite(t.lease_until)
+                 THEN extract(epoch FROM t.lease_until - now())::float8 END AS lease_left,
+       now() AS database_now
+FROM tasks AS t
+WHERE t.id = %(task_id)s;
+
+-- name: web_bench_fill
+-- pgtaskd web-bench: %(count)s tasks numbered from %(first)s into the bench's own schema,
+-- in one statement: finished ones (%(kind)s 'finished': 90 per cent COMPLETED, 8 FAILED with an
+-- error, 2 CANCELLED, over the last week), PENDING ones ('pending': nine in ten due within
+-- the last hour over five priorities, the rest due within the next day), or RUNNING ones
+-- ('running', under a live lease), spread over %(types)s task types.
+INSERT INTO tasks (id, name, task_type, status, priority, scheduled_time, created_at,
+                   finished_at, started_at, error_message, claimed_by, lease_until,
+                   lease_token, unique_key)
+SELECT %(kind)s || '-' || g, 'bench ' || g, 'type' || (g %% %(types)s::integer),
+       CASE %(kind)s
+           WHEN 'pending' THEN 'PENDING' WHEN 'running' THEN 'RUNNING'
+           ELSE CASE WHEN g %% 50 = 0 THEN 'CANCELLED' WHEN g %% 50 < 5 THEN 'FAILED'
+                     ELSE 'COMPLETED' END END,
+       CASE WHEN %(kind)s = 'pending' THEN g %% 5 ELSE 0 END,
+       CASE WHEN %(kind)s = 'pending' AND g %% 10 = 0
+            THEN now() + (g %% 86400) * interval '1 second'
+            ELSE now() - (g %% 3600) * interval '1 second' END,
+       now() - interval '1 hour',
+       CASE WHEN %(kind)s = 'finished' THEN now() - (g %% 604800) * interval '1 second' END,
+       CASE WHEN %(kind)s <> 'pending' THEN now() - (g %% 600) * interval '1 second' END,
+       CASE WHEN %(kind)s = 'finished' AND g %% 50 BETWEEN 1 AND 4
+            THEN 'ValueError: row ' || g || ' refused by the upstream' END,
+       CASE WHEN %(kind)s = 'running' THEN 'bench:' || g END,
+       CASE WHEN %(kind)s = 'running' THEN now() + interval '1 hour' END,
+       CASE WHEN %(kind)s = 'running' THEN g END,
+       CASE WHEN g %% 100 = 0 THEN %(kind)s || '-key-' || g END
+FROM generate_series(%(first)s::bigint, %(first)s::bigint + %(count)s - 1) AS g;

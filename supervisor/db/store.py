@@ -448,3 +448,52 @@ def list_daemons(conn, *, state: str | None, limit: int, lost_beats: float,
     """The registry's rows (see list_daemons in queries.sql), running daemons first."""
     return _all(conn, "list_daemons", {"state": state, "limit": limit,
                                        "lost_beats": lost_beats, "lost_floor": lost_floor})
+
+
+# The web console's reads (pgtaskd web) and the rollup they chart. Each runs unprepared
+# (prepare=False): their optional filters are `%(x)s IS NULL OR ...`, which a plan made
+# for the values at hand drops, and a generic plan, made once for any values, cannot.
+
+def _unprepared(conn, name: str, params: dict[str, Any], *,
+                times: TimeLoader = TimeOrText) -> list[dict]:
+    with cursor(conn, times=times) as cur:
+        cur.execute(QUERIES[name], params, prepare=False)
+        return cur.fetchall()
+
+
+def rollup_minutes(conn, *, cap: int, catch_up: int, max_types: int) -> dict:
+    """Roll up the complete minutes of the last ``catch_up`` that no daemon rolled up yet:
+    {minutes_written, into_minute (seconds since this minute began, by the database)}."""
+    return _one(conn, "rollup_minutes", {"cap": cap, "catch_up": catch_up,
+                                         "max_types": max_types})
+
+
+def console_overview(conn, *, known_types: Sequence[str], cap: int, max_types: int,
+                     max_levels: int) -> list[dict]:
+    return _unprepared(conn, "console_overview", {
+        "known_types": list(known_types), "cap": cap, "max_types": max_types,
+        "max_levels": max_levels})
+
+
+def console_activity(conn, *, minutes: int) -> list[dict]:
+    return _unprepared(conn, "console_activity", {"minutes": minutes}, times=None)
+
+
+def console_tasks(conn, name: str, params: dict[str, Any]) -> list[dict]:
+    """One page of the console's task list by the named statement (console_pending,
+    console_running, console_finished or console_live_key_holder): the matches in order,
+    then the scan_end row if the reading budget ran out."""
+    return _unprepared(conn, name, params)
+
+
+def console_task(conn, task_id: str) -> dict | None:
+    rows = _unprepared(conn, "console_task", {"task_id": task_id})
+    return rows[0] if rows else None
+
+
+def fill_bench_tasks(conn, *, kind: str, first: int, count: int, types: int) -> None:
+    """pgtaskd web-bench only, in its scratch schema: ``count`` finished, pending or
+    running tasks in one statement."""
+    with conn.cursor() as cur:
+        cur.execute(QUERIES["web_bench_fill"], {"kind": kind, "first": first, "count": count,
+                                                "types": types})

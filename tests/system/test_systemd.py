@@ -18,31 +18,48 @@ import pytest
 from conftest import REPO_DIR, TEST_HANDLERS, wait_until
 
 UNIT = REPO_DIR / "systemd" / "pgtaskd.service"
+# The web console's unit (pgtaskd web): held to the daemon's checks.
+WEB_UNIT = REPO_DIR / "systemd" / "pgtaskd-web.service"
+UNITS = pytest.mark.parametrize("unit_file", [UNIT, WEB_UNIT], ids=lambda p: p.name)
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed")
 
 
 @needs_analyze
-def test_unit_passes_systemd_analyze_verify(tmp_path):
+@UNITS
+def test_unit_passes_systemd_analyze_verify(tmp_path, unit_file):
     # verify checks that ExecStart exists; point it at this checkout's console script and
     # change nothing else in the unit.
     script = Path(sys.executable).with_name("pgtaskd")
     assert script.exists(), "pgtaskd console script not installed next to the interpreter"
-    text = UNIT.read_text().replace("/opt/pgtaskd/venv/bin/pgtaskd", str(script))
-    unit = tmp_path / "pgtaskd.service"
+    text = unit_file.read_text().replace("/opt/pgtaskd/venv/bin/pgtaskd", str(script))
+    unit = tmp_path / unit_file.name
     unit.write_text(text)
     result = subprocess.run([ANALYZE, "verify", str(unit)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert "pgtaskd.service" not in result.stderr, result.stderr
+    assert unit_file.name not in result.stderr, result.stderr
 
 
 @needs_analyze
-def test_unit_security_exposure_is_at_most_2():
-    result = subprocess.run([ANALYZE, "security", "--offline=true", str(UNIT)],
+@UNITS
+def test_unit_security_exposure_is_at_most_2(unit_file):
+    result = subprocess.run([ANALYZE, "security", "--offline=true", str(unit_file)],
                             capture_output=True, text=True)
-    match = re.search(r"Overall exposure level for pgtaskd.service: (\d+\.\d+)", result.stdout)
+    match = re.search(rf"Overall exposure level for {re.escape(unit_file.name)}: (\d+\.\d+)",
+                      result.stdout)
     assert match, result.stdout[-2000:] + result.stderr
     assert float(match.group(1)) <= 2.0, result.stdout
+
+
+def test_web_unit_mirrors_the_daemons_sandbox():
+    """Every sandboxing line of the daemon's unit is in the console's."""
+    daemon = UNIT.read_text()
+    web = WEB_UNIT.read_text()
+    sandbox = daemon[daemon.index("NoNewPrivileges="):daemon.index("[Install]")]
+    for line in sandbox.splitlines():
+        if line and not line.startswith("#"):
+            assert line in web.splitlines(), line
+    assert "ExecStart=/opt/pgtaskd/venv/bin/pgtaskd web -c " in web
 
 
 def test_unit_declares_what_the_daemon_relies_on():

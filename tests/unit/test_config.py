@@ -300,3 +300,47 @@ def test_a_bind_address_off_loopback_is_allowed_with_a_warning(no_dns, listen, w
 def test_a_listen_address_without_a_port_or_an_ip_literal_is_refused(no_dns, listen, fragment):
     problem = problem_for(problems_of({"metrics": {"listen": listen}}), "metrics.listen")
     assert fragment in problem and "\n" not in problem, problem
+
+
+HASH = ("scrypt$16384$8$1$cfKoMazCuzK1ku/q4PBBqQ==$"
+        "z8toESv0o2xIy8w4cUDCH4zYhCnHGq8ZVnZ1q1bTbtE=")
+
+
+def test_the_web_section_has_defaults_and_can_be_set():
+    default = parse({}).web
+    assert (default.listen, default.actions, default.auth.enabled) == ("127.0.0.1:8464", False,
+                                                                       False)
+    web = parse({"web": {"listen": "[::1]:9000", "actions": True, "max_connections": 8,
+                         "request_timeout": 2, "refresh_interval": 0.5, "db_connections": 2,
+                         "auth": {"users": {"ops": HASH}, "proxy_header": "X-Forwarded-User",
+                                  "trusted_proxies": ["10.0.0.5"]}}}).web
+    assert web.address == ("::1", 9000) and not web.exposed and web.actions
+    assert web.auth.users == {"ops": HASH} and web.auth.proxy_header == "x-forwarded-user"
+    assert web.auth.trusted_proxies == ("10.0.0.5",)
+    assert (web.max_connections, web.request_timeout, web.db_connections) == (8, 2.0, 2)
+
+
+@pytest.mark.parametrize("web, key_path, fragment", [
+    ({"listen": "localhost:80"}, "web.listen", "must be an IP address"),
+    ({"actions": "yes"}, "web.actions", "must be true or false"),
+    ({"actions": True}, "web.actions", "needs web.auth"),
+    ({"auth": {"users": {"ops": "hunter2"}}}, "web.auth.users.ops", "not a password hash"),
+    ({"auth": {"users": {"ops": HASH.replace("16384", "16385")}}}, "web.auth.users.ops",
+     "out of bounds"),
+    ({"auth": {"users": ["ops"]}}, "web.auth.users", "must be a mapping"),
+    ({"auth": {"proxy_header": "X User"}}, "web.auth.proxy_header", "header name"),
+    ({"auth": {"trusted_proxies": ["proxy.local"]}}, "web.auth.trusted_proxies",
+     "IP addresses"),
+    ({"max_connections": 0}, "web.max_connections", "from 1 to"),
+    ({"refresh_interval": 0.01}, "web.refresh_interval", "at least 0.5"),
+    ({"login": True}, "web.login", "unknown key"),
+])
+def test_a_bad_web_key_is_named_by_its_path(web, key_path, fragment):
+    assert fragment in problem_for(problems_of({"web": web}), key_path)
+
+
+def test_a_web_console_beyond_loopback_without_auth_is_warned_of():
+    assert any(w.startswith("web.listen: 0.0.0.0:8464 is not a loopback address")
+               for w in parse({"web": {"listen": "0.0.0.0:8464"}}).warnings())
+    assert not parse({"web": {"listen": "0.0.0.0:8464",
+                              "auth": {"users": {"ops": HASH}}}}).warnings()

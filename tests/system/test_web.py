@@ -1,0 +1,153 @@
+"""``pgtaskd web`` as a process: what it refuses at start, how it answers bad input, who may
+act, and that idle or hostile clients cannot hold it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from conftest import REPO_DIR, wait_until
+from web_console import PASSWORD, WebConsole, password_hash
+
+pytest_plugins = ["daemon"]
+
+
+@pytest.fixture
+def console(tmp_path, db_dsn):
+    web = WebConsole(tmp_path / "web", db_dsn, web={
+        "actions": True, "auth": {"users": {"ops": password_hash()}},
+        "max_connections": 8, "request_timeout": 1.0})
+    try:
+        yield web.start()
+    finally:
+        web.stop()
+
+
+def test_a_bind_beyond_loopback_without_auth_is_refused_in_one_line(tmp_path, db_dsn):
+    config = tmp_path / "pgtaskd.yaml"
+    config.write_text(yaml.safe_dump({"database": {"dsn": db_dsn},
+                                      "web": {"listen": "0.0.0.0:18999"}}))
+    result = subprocess.run([sys.executable, "-m", "supervisor.cli", "web", "-c", str(config)],
+                            capture_output=True, text=True, timeout=30, cwd=REPO_DIR)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: web.listen: 0.0.0.0:18999 is not a loopback")
+
+
+@pytest.mark.parametrize("path, fragment", [
+    ("/tasks?status=DONE", "unknown status"),
+    ("/tasks?status=FAILED&after=garbage", "after: not a page key"),
+    ("/tasks?sort=id", "sort: not a filter of this list"),
+    ("/tasks?error=" + "x" * 300, "error: longer than 200"),
+])
+def test_a_bad_filter_is_a_400_with_its_reason(console, path, fragment):
+    status, _, page = console.request("GET", path)
+    assert status == 400 and fragment in page
+
+
+def test_actions_need_a_login_and_the_sessions_token(console, conn):
+    conn.execute("INSERT INTO tasks (id, name, task_type, status, finished_at) "
+                 "VALUES ('t1', 'n', 'x', 'FAILED', now())")
+    cookie, token = console.session()
+    status, headers, _ = console.request(
+        "POST", "/login", body={"csrf": token, "user": "ops", "password": PASSWORD},
+        headers={"Cookie": cookie})
+    assert status == 303
+    logged_in = headers["set-cookie"].split(";")[0]
+    _, _, page = console.request("GET", "/tasks/t1", headers={"Cookie": logged_in})
+    new_token = page.split('name="csrf-token" content="')[1].split('"')[0]
+    for body in ({"task_id": "t1"}, {"task_id": "t1", "csrf": token},
+                 {"task_id": "t1", "csrf": "forged"}):
+        status, _, page = console.request("POST", "/actions/retry", body=body,
+                                          headers={"Cookie": logged_in})
+        assert status == 403 and "token" in page
+    assert conn.execute("SELECT status FROM tasks WHERE id = 't1'").fetchone()[0] == "FAILED"
+    status, _, _ = console.request("POST", "/actions/retry",
+                                   body={"task_id": "t1", "csrf": new_token},
+                                   headers={"Cookie": logged_in})
+    assert status == 303
+    assert conn.execute("SELECT status FROM tasks WHERE id = 't1'").fetchone()[0] == "PENDING"
+    # A second retry of a PENDING task: the client's refusal, as a 409 with its words.
+    status, _, page = console.request("POST", "/actions/retry",
+                                      body={"task_id": "t1", "csrf": new_token},
+                                      headers={"Cookie": logged_in})
+    assert status == 409 and "it is PENDING" in page
+    events = [(e["event"], e.get("user"), e.get("outcome")) for e in console.log()
+              if e["event"] in ("web_login", "web_action")]
+    assert events == [("web_login", "ops", "ok"), ("web_action", "ops", "done"),
+                      ("web_action", "ops", "refused")]
+
+
+def test_a_wrong_password_logs_in_no_one(console):
+    cookie, token = console.session()
+    status, headers, page = console.request(
+        "POST", "/login", body={"csrf": token, "user": "ops", "password": "nope"},
+        headers={"Cookie": cookie})
+    assert status == 401 and "Wrong user or password" in page
+    assert "set-cookie" not in headers
+
+
+def test_idle_and_trickling_clients_are_cut_and_cannot_crowd_out_a_request(console):
+    idle = [socket.create_connection(("127.0.0.1", console.port)) for _ in range(20)]
+    trickler = socket.create_connection(("127.0.0.1", console.port))
+    trickler.sendall(b"GET / HTTP/1.1\r\n")
+    try:
+        time.sleep(1.1)  # past EVICT_AFTER: the idle ones may now lose their place
+        started = time.monotonic()
+        status, _, _ = console.request("GET", "/login", timeout=5)
+        assert status == 200 and time.monotonic() - started < 2
+
+        def cut(sock: socket.socket) -> bool:
+            sock.settimeout(0.05)
+            try:
+                return sock.recv(1) == b""
+            except socket.timeout:
+                return False
+            except ConnectionResetError:
+                return True
+
+        def trickle_is_cut() -> bool:
+            try:
+                trickler.sendall(b"X")
+            except OSError:
+                return True
+            return cut(trickler)
+
+        # Each has request_timeout (1 s) for its whole head, however it trickles.
+        wait_until(lambda: all(cut(sock) for sock in idle), timeout=5,
+                   message="the idle connections closed")
+        wait_until(trickle_is_cut, timeout=5, interval=0.2, message="the trickler cut")
+    finally:
+        for sock in [*idle, trickler]:
+            sock.close()
+
+
+def test_a_form_past_its_bound_is_refused(console):
+    cookie, token = console.session()
+    status, _, _ = console.request("POST", "/login",
+                                   body={"csrf": token, "user": "x" * 20000},
+                                   headers={"Cookie": cookie})
+    assert status == 413
+
+
+def test_a_daemon_rolls_up_the_minutes_the_console_charts(start_daemon, conn):
+    conn.execute("INSERT INTO tasks (id, name, task_type, status, finished_at) VALUES "
+                 "('done', 'n', 'echo', 'COMPLETED', "
+                 " date_trunc('minute', now()) - interval '2 minutes')")
+    conn.execute("INSERT INTO tasks (id, name, task_type, scheduled_time) "
+                 "VALUES ('waits', 'n', 'nobody_runs_this', now() - interval '1 minute')")
+    daemon = start_daemon()
+    # Its first pass, at start: the ten minutes before it, the last one with the queue seen.
+    wait_until(lambda: conn.execute("SELECT count(*) FROM pgtaskd_minute_rollup "
+                                    "WHERE task_type = ''").fetchone()[0] == 10,
+               timeout=10, message="the rollup's first pass")
+    rows = conn.execute("SELECT task_type, completed, due FROM pgtaskd_minute_rollup "
+                        "WHERE task_type <> '' ORDER BY minute, task_type").fetchall()
+    assert ("echo", 1, None) in rows and ("nobody_runs_this", 0, 1) in rows
+    daemon.refresh()
+    assert not [e for e in daemon.events if e["event"].startswith("rollup_")]
