@@ -42,6 +42,7 @@ WORKERS_RECYCLED = Counter("pgtaskd_workers_recycled",
                            "max_memory_mb)", ("pool", "reason"))
 
 # Recorded by the supervisor itself.
+RELOADS = Counter("pgtaskd_reloads", "Reloads (SIGHUP) by how they ended", ("outcome",))
 WORKER_RESTARTS = Counter("pgtaskd_worker_restarts", "Worker children started again after an exit",
                           ("pool",))
 TASKS_RESCUED = Counter("pgtaskd_tasks_rescued",
@@ -63,3 +64,27 @@ HTTP_CONNECTIONS_DROPPED = Counter(
     "pgtaskd_http_connections_dropped",
     "Connections to /metrics and /healthz closed without an answer, or refused",
     ("reason",))  # timeout, over_capacity, evicted, too_large, bad_request
+
+
+# A counter that has never counted has no sample, so rate() and alerts see nothing until its
+# first event. Each process creates its known label sets at zero when it starts.
+_WORKER_COUNTERS = (TASKS_CLAIMED, TASKS_COMPLETED, TASKS_FAILED, TASKS_RETRIED,
+                    TASKS_CANCELLED, STALE_RESULTS, LEASE_RENEWALS)
+
+
+def start_worker_counters(pool: str, task_types) -> None:
+    """A worker child's: every (pool, task type) it may count."""
+    for task_type in task_types:
+        for counter in _WORKER_COUNTERS:
+            counter.labels(pool, task_type)
+
+
+def start_supervisor_counters(pools, task_types) -> None:
+    """The supervisor's own: reloads by outcome, restarts by pool, rescues and timeouts by
+    pool and type."""
+    for outcome in ("succeeded", "failed"):
+        RELOADS.labels(outcome)
+    for pool in pools:
+        WORKER_RESTARTS.labels(pool)
+        for task_type in task_types:
+            TASKS_RESCUED.labels(pool, task_type)

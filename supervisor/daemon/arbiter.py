@@ -91,6 +91,8 @@ class Arbiter(ChildStops, Reloading, Shutdown):
         self.children_snapshot = ChildrenStatus(0, sum(self.targets.values()))
         # What the registry thread reads; replaced whole (publish_snapshot).
         self.snapshot = DaemonSnapshot(self.generation, "starting")
+        # Why the latest reload failed, until one succeeds (reloads.py).
+        self.reload_failure: str | None = None
         self._snapshot_due = 0.0
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -121,6 +123,8 @@ class Arbiter(ChildStops, Reloading, Shutdown):
                                          children_status=lambda: self.children_snapshot,
                                          loop_age=lambda: time.monotonic() - self.loop_tick,
                                          snapshot=lambda: self.snapshot,
+                                         reload_facts=lambda: (self.generation,
+                                                               self.reload_failure),
                                          on_cancelled=self.on_cancelled,
                                          on_newer_schema=self.on_newer_schema)
                 self.services.start()
@@ -462,7 +466,7 @@ class Arbiter(ChildStops, Reloading, Shutdown):
         health = self.services.health if self.services is not None else None
         self.systemd_report.send(status, self.children.values(), stopping=self.stopping,
                                  started_at=self.started_at, boot_timeout=BOOT_TIMEOUT,
-                                 health=health)
+                                 health=health, reload_failure=self.reload_failure)
 
     def publish_snapshot(self) -> None:
         """Replace the snapshot the registry thread writes, if it is due or the daemon's

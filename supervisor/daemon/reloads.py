@@ -49,16 +49,24 @@ class Reloading:
             return self.reload.config
         return self.config
 
+    def reload_failed(self, reason: str) -> None:
+        """Kept until a reload succeeds: the STATUS line, /healthz (a warning) and the
+        metrics show it, not only the log."""
+        self.reload_failure = reason[:200]
+        count_reload("failed")
+
     def begin_reload(self) -> None:
         try:
             new_config = load_config(self.config.path)
         except ConfigError as exc:
             emit("reload_failed", logging.ERROR, reason="invalid config, keeping the running one",
                  problems=exc.problems)
+            self.reload_failed(f"invalid config: {exc.problems[0]}")
             return
         except Exception as exc:  # noqa: BLE001 - no config, however odd, may stop the daemon
             emit("reload_failed", logging.ERROR, reason="the config could not be loaded, "
                  "keeping the running one", problems=[one_line(exc)])
+            self.reload_failed(f"the config could not be loaded: {one_line(exc)}")
             return
         for warning in new_config.warnings():
             emit("config_warning", logging.WARNING, warning=warning)
@@ -88,6 +96,7 @@ class Reloading:
             emit("reload_failed", logging.ERROR, generation=reload.generation,
                  reason=failed or "the new workers did not boot in time",
                  kept_generation=self.generation)
+            self.reload_failed(failed or "the new workers did not boot in time")
             self.reload = None
             systemd.notify("READY=1")
             return
@@ -105,4 +114,12 @@ class Reloading:
         self.services.apply(reload.config)
         self.reload = None
         emit("reload_finished", generation=self.generation, pools=dict(self.targets))
+        self.reload_failure = None
+        count_reload("succeeded")
         systemd.notify("READY=1")
+
+
+def count_reload(outcome: str) -> None:
+    from .. import metrics
+
+    metrics.RELOADS.labels(outcome).inc()

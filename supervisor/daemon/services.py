@@ -114,6 +114,7 @@ class Services:
                  children: Callable[[], Sequence], children_status: Callable,
                  snapshot: Callable,
                  loop_age: Callable[[], float] = lambda: 0.0,
+                 reload_facts: Callable[[], tuple] = lambda: (1, None),
                  on_cancelled: Callable[[str], None] = lambda task_id: None,
                  on_newer_schema: Callable[[str], None] = lambda reason: None):
         self.config = config
@@ -122,6 +123,7 @@ class Services:
         self.children = children
         self.children_status = children_status
         self.loop_age = loop_age
+        self.reload_facts = reload_facts
         self.snapshot = snapshot
         self.on_cancelled = on_cancelled
         self.on_newer_schema = on_newer_schema
@@ -145,6 +147,10 @@ class Services:
         from ..maintenance.metrics_archive import MetricsArchive
         from ..maintenance.reaper import LeaseReaper
         from ..maintenance.registry import DaemonIdentity, DaemonRegistry
+        from .. import metrics
+
+        metrics.start_supervisor_counters([p.name for p in self.config.pools],
+                                          sorted(claimed_types(self.config)))
         from ..maintenance.retention import RetentionService
         from ..maintenance.rollup import MinuteRollup
         from ..maintenance.scheduler import Scheduler
@@ -207,6 +213,7 @@ class Services:
         from ..maintenance.http import MetricsServer
         try:
             self.http = MetricsServer(address, self.health, self.metrics_archive, self.loop_age,
+                                      self.reload_facts,
                                       max_connections=self.config.metrics.max_connections,
                                       request_timeout=self.config.metrics.request_timeout)
         except OSError as exc:

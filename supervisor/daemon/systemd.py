@@ -67,7 +67,7 @@ class SystemdReport:
         self._last_status = ""
 
     def send(self, status, children: Iterable, *, stopping: str | None, started_at: float,
-             boot_timeout: float, health) -> None:
+             boot_timeout: float, health, reload_failure: str | None = None) -> None:
         """``status`` is the children's ChildrenStatus; ``health`` the health check, if any."""
         now = time.monotonic()
         children = list(children)
@@ -79,6 +79,8 @@ class SystemdReport:
         if health is not None:
             latest = health.latest()
             line += f", {latest.tasks_by_status.get('PENDING', 0)} pending"
+        if reload_failure:
+            line += f", RELOAD FAILED: {reload_failure}"
         if not self.ready_sent and not stopping:
             first = [c for c in children if c.generation == 1]
             all_booted = all(c.booted for c in first) and len(first) >= status.expected

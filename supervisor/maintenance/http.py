@@ -81,12 +81,30 @@ class QueueCollector:
         yield build
 
 
-def render_metrics(health: HealthChecker, archive: MetricsArchive) -> Response:
+class ReloadCollector:
+    """The config generation running, and whether the latest reload failed."""
+
+    def __init__(self, reload_facts: Callable[[], tuple]):
+        self.reload_facts = reload_facts
+
+    def collect(self):
+        generation, failure = self.reload_facts()
+        yield GaugeMetricFamily("pgtaskd_config_generation", "The config generation the "
+                                "daemon runs (1 at start, one more per reload that succeeded)",
+                                value=generation)
+        yield GaugeMetricFamily("pgtaskd_reload_failed", "1 while the latest reload failed "
+                                "(the daemon runs on with the config before it)",
+                                value=1 if failure else 0)
+
+
+def render_metrics(health: HealthChecker, archive: MetricsArchive,
+                   reload_facts: Callable[[], tuple]) -> Response:
     """Every child's counters, summed from their files and the archive of the dead ones,
     and the queue gauges."""
     registry = CollectorRegistry()
     registry.register(ArchiveCollector(archive))
     registry.register(QueueCollector(health))
+    registry.register(ReloadCollector(reload_facts))
     return Response(200, CONTENT_TYPE_LATEST, generate_latest(registry))
 
 
@@ -105,9 +123,14 @@ def render_livez(loop_age: Callable[[], float]) -> Response:
                     json.dumps(body).encode() + b"\n")
 
 
-def render_healthz(health: HealthChecker) -> Response:
+def render_healthz(health: HealthChecker, reload_facts: Callable[[], tuple]) -> Response:
     body = health.latest().as_json()
     code = 200 if body["status"] == "ok" else 503
+    generation, reload_failure = reload_facts()
+    body["config_generation"] = generation
+    # A warning, never a failure: the daemon runs on with the config it had.
+    body["warnings"] = {"reload": f"the last reload failed: {reload_failure}"} \
+        if reload_failure else {}
     return Response(code, "application/json", json.dumps(body).encode() + b"\n")
 
 
@@ -121,13 +144,15 @@ class MetricsServer:
     """/metrics and /healthz on a BoundedHTTPServer (see http_server.py for its limits)."""
 
     def __init__(self, address: tuple[str, int], health: HealthChecker,
-                 archive: MetricsArchive, loop_age: Callable[[], float] = lambda: 0.0, *,
+                 archive: MetricsArchive, loop_age: Callable[[], float] = lambda: 0.0,
+                 reload_facts: Callable[[], tuple] = lambda: (1, None), *,
                  max_connections: int, request_timeout: float):
         routes = {
             # Reads a file per process: a render thread. The others read memory: the loop.
-            "/metrics": Route(lambda: render_metrics(health, archive), blocking=True),
-            "/healthz": Route(lambda: render_healthz(health)),
-            "/readyz": Route(lambda: render_healthz(health)),
+            "/metrics": Route(lambda: render_metrics(health, archive, reload_facts),
+                              blocking=True),
+            "/healthz": Route(lambda: render_healthz(health, reload_facts)),
+            "/readyz": Route(lambda: render_healthz(health, reload_facts)),
             "/livez": Route(lambda: render_livez(loop_age)),
         }
         self.server = BoundedHTTPServer(address, routes, max_connections=max_connections,

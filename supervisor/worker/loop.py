@@ -169,6 +169,7 @@ class Worker(BatchRunning, ConcurrentRunning, Settling):
         emit("worker_started", worker_id=self.worker_id, pool=self.pool_name,
              task_types=list(self.task_types), batch_size=self.batch_size,
              concurrency=self.concurrency)
+        metrics.start_worker_counters(self.pool_name, self.task_types)
         self.leases.start()
         try:
             if self.concurrency > 1:
