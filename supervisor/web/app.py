@@ -166,6 +166,7 @@ def build_app(config: Config, pool: ConnectionPool, *, session_key: bytes | None
         Route("/schedules", pages.schedules(console)),
         Route("/limits", pages.limits(console)),
         Route("/pauses", pages.pauses(console)),
+        Route("/daemons", pages.daemons(console)),
         Route("/login", pages.login(console)),
         Route("/login", actions.login(console), methods=["POST"]),
         Route("/logout", actions.logout(console), methods=["POST"]),

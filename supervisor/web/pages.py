@@ -138,5 +138,9 @@ def login(console: Console):
     return endpoint
 
 
-# The daemon registry (issue 17.2) plugs in as a page here: daemons(console), routed at
-# /daemons in app.build_app and linked from base.html's navigation.
+def daemons(console: Console):
+    """The daemon registry: every daemon on this database, its children and what each runs."""
+    async def endpoint(request: Request):
+        rows = await console.read(lambda client: client.daemons())
+        return console.page(request, "daemons.html", daemons=rows)
+    return endpoint

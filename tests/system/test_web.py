@@ -151,3 +151,24 @@ def test_a_daemon_rolls_up_the_minutes_the_console_charts(start_daemon, conn):
     assert ("echo", 1, None) in rows and ("nobody_runs_this", 0, 1) in rows
     daemon.refresh()
     assert not [e for e in daemon.events if e["event"].startswith("rollup_")]
+
+
+def test_the_daemons_page_lists_each_daemon_and_what_its_children_run(start_daemon, conn,
+                                                                       tmp_path, db_dsn):
+    import socket as sockets
+
+    daemon = start_daemon(pools={"default": {"processes": 1}}, registry={"interval": 1})
+    conn.execute("INSERT INTO tasks (id, name, task_type, payload) "
+                 "VALUES ('long-one', 'n', 'sleep', '{\"seconds\": 30}')")
+    web = WebConsole(tmp_path / "web-ro", db_dsn, web={})
+    web.start()
+    try:
+        def page():
+            status, _, text = web.request("GET", "/daemons")
+            assert status == 200
+            return text if "long-one" in text else None
+        text = wait_until(page, timeout=15, message="the running task on the daemons page")
+        assert sockets.gethostname() in text and ">running<" in text.replace("</td>", "<")
+        assert str(daemon.process.pid) in text
+    finally:
+        web.stop()
