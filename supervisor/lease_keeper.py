@@ -80,11 +80,15 @@ class Settlement:
     """Claims to settle: ``rescue`` counts the run as a failed attempt (its worker died while
     it ran), ``release`` gives the task back without spending a retry (it never started, or
     we stopped the worker), ``complete`` writes the completion of a run whose handler
-    succeeded before its worker died."""
+    succeeded before its worker died. A rescued run is recorded in its task's failed
+    attempts with ``outcome`` (crashed, timeout, killed) and the ``signal`` that killed its
+    worker, if one did."""
     kind: str
     claims: tuple[Held, ...]
     reason: str
     unheard: "Unheard | None" = None
+    outcome: str = "crashed"
+    signal: str | None = None
 
 
 @dataclass(frozen=True)
@@ -155,19 +159,23 @@ class LeaseKeeper(threading.Thread):
                 del self._held[held.token]
         return claims
 
-    def settle(self, kind: str, claims: Sequence[Held], reason: str) -> None:
+    def settle(self, kind: str, claims: Sequence[Held], reason: str, *,
+               outcome: str = "crashed", signal: str | None = None) -> None:
         if not claims:
             return
         with self._wakeup:
             for held in claims:
                 self._held.pop(held.token, None)
-            self._settlements.append(Settlement(kind, tuple(claims), reason))
+            self._settlements.append(Settlement(kind, tuple(claims), reason, outcome=outcome,
+                                                signal=signal))
             self._wakeup.notify()
 
-    def settle_unheard(self, unheard: Unheard, reason: str) -> None:
+    def settle_unheard(self, unheard: Unheard, reason: str, *, outcome: str = "crashed",
+                       signal: str | None = None) -> None:
         """After a child's death: settle the claims it made and never told us of."""
         with self._wakeup:
-            self._settlements.append(Settlement("unheard", (), reason, unheard))
+            self._settlements.append(Settlement("unheard", (), reason, unheard,
+                                                outcome=outcome, signal=signal))
             self._wakeup.notify()
 
     def unsettled(self) -> list[str]:
@@ -334,14 +342,15 @@ class LeaseKeeper(threading.Thread):
             self._complete(conn, settlement.claims)
             return
         if settlement.kind == "unheard":
-            self._settle_unheard(conn, settlement.unheard, settlement.reason)
+            self._settle_unheard(conn, settlement)
             return
         for held in settlement.claims:
-            self._rescue(conn, held, settlement.reason)
+            self._rescue(conn, held, settlement)
 
-    def _settle_unheard(self, conn, unheard: Unheard, reason: str) -> None:
+    def _settle_unheard(self, conn, settlement: Settlement) -> None:
         from .claim_board import FINISHED, STARTED
 
+        unheard = settlement.unheard
         rows = store.unheard_claims(conn, unheard.worker_id,
                                     died_seconds_ago=time.monotonic() - unheard.died_at,
                                     known_tokens=sorted(unheard.known_tokens))
@@ -361,7 +370,9 @@ class LeaseKeeper(threading.Thread):
              **{k: len(v) for k, v in by_kind.items()})
         for kind, claims in by_kind.items():
             if claims:
-                self._settle_one(conn, Settlement(kind, tuple(claims), reason))
+                self._settle_one(conn, Settlement(kind, tuple(claims), settlement.reason,
+                                                  outcome=settlement.outcome,
+                                                  signal=settlement.signal))
 
     def _complete(self, conn, claims: Sequence[Held]) -> None:
         # One statement per worker id: the completion is conditioned on each claim's owner.
@@ -379,8 +390,11 @@ class LeaseKeeper(threading.Thread):
                 emit("task_completed", task_id=held.task_id, task_type=held.task_type,
                      worker_id=held.worker_id, pool=held.pool, written_by="supervisor")
 
-    def _rescue(self, conn, held: Held, reason: str) -> None:
-        row = store.rescue_task(conn, held.task_id, held.token, error=reason, retry=self.retry)
+    def _rescue(self, conn, held: Held, settlement: Settlement) -> None:
+        reason = settlement.reason
+        row = store.rescue_task(conn, held.task_id, held.token, error=reason, retry=self.retry,
+                                worker_id=held.worker_id, outcome=settlement.outcome,
+                                signal=settlement.signal)
         if row is None:
             emit("rescue_skipped", task_id=held.task_id, task_type=held.task_type,
                  reason="the claim was already settled or lost")

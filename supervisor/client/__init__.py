@@ -1,4 +1,5 @@
-"""The Python client: submit tasks, and inspect, cancel and retry them.
+"""The Python client: submit tasks, and inspect (with their failed attempts), cancel and retry
+them.
 
     from supervisor import Client
 
@@ -23,13 +24,14 @@ from ..task_fields import (MAX_DELAY_SECONDS, MAX_ID_LENGTH, MAX_NAME_LENGTH,
                            MAX_PAUSED_BY_LENGTH, MAX_UNIQUE_KEY_LENGTH, SUBMIT_FIELDS, NewTask,
                            prepare_task, serialize_payload)
 from .connection import DEFAULT_CONNECT_TIMEOUT, ClientConnection
-from .operate import (CANCELLABLE_STATUSES, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT,
-                      RETRYABLE_STATUSES, STATUSES, Operating, TaskNotFound, TaskStateError,
-                      check_status, who_pauses)
+from .operate import (CANCELLABLE_STATUSES, DEFAULT_LIST_LIMIT, FAILED_ATTEMPTS_KEPT,
+                      MAX_LIST_LIMIT, RETRYABLE_STATUSES, STATUSES, Operating, TaskNotFound,
+                      TaskStateError, check_status, who_pauses)
 from .submit import MAX_SUBMIT_ROUNDS, SubmittedId, Submitting
 
 __all__ = [
-    "CANCELLABLE_STATUSES", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_LIST_LIMIT", "MAX_DELAY_SECONDS",
+    "CANCELLABLE_STATUSES", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_LIST_LIMIT",
+    "FAILED_ATTEMPTS_KEPT", "MAX_DELAY_SECONDS",
     "MAX_ID_LENGTH", "MAX_LIST_LIMIT", "MAX_NAME_LENGTH", "MAX_PAUSED_BY_LENGTH",
     "MAX_SUBMIT_ROUNDS", "MAX_UNIQUE_KEY_LENGTH", "RETRYABLE_STATUSES", "STATUSES",
     "SUBMIT_FIELDS", "Client", "NewTask", "SubmittedId", "TaskNotFound", "TaskStateError",
