@@ -723,6 +723,8 @@ WHERE t.id = ANY(ARRAY(SELECT id FROM doomed))
 -- A cancel ends a running claim: its slot (a limited type) is given back at once, so that
 -- the next task of the type may run now rather than when the lease would have run out.
 -- target reads the claim's token (which the cancel clears) from the row it locks.
+-- The error of an earlier attempt is cleared: a cancelled task did not end by it (the task's
+-- failed attempts keep it).
 WITH target AS (
     SELECT id, task_type, slot, lease_token FROM tasks
     WHERE id = %(task_id)s
@@ -733,6 +735,7 @@ cancelled AS (
     UPDATE tasks AS t
     SET
         status = 'CANCELLED',
+        error_message = NULL,
         claimed_by = NULL,
         lease_token = NULL,
         lease_until = NULL,

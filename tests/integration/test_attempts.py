@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import make_config
 from supervisor import Client
 from supervisor.config import RetryConfig
 from supervisor.db import store
@@ -143,3 +144,20 @@ def test_deleting_a_task_by_retention_or_by_hand_deletes_its_attempts(conn, make
 
     assert deleted == 1
     assert conn.execute("SELECT task_id FROM task_attempts").fetchall() == [("kept",)]
+
+
+def test_a_cancelled_task_shows_no_error_of_an_earlier_attempt(conn, db_dsn, make_worker):
+    worker = make_worker(config=make_config(db_dsn,
+                                            retry={"base_delay": 3600, "max_delay": 3600}),
+                         types=["fail"])
+    add_task(conn, "t1", task_type="fail", max_retries=3, payload={"message": "flaky"})
+    run_until_idle(worker)
+    assert task_row(conn, "t1")["error_message"].startswith("RuntimeError: flaky")
+
+    with Client(conn) as client:
+        client.cancel("t1")
+
+    stored = task_row(conn, "t1")
+    assert (stored["status"], stored["error_message"]) == ("CANCELLED", None)
+    (attempt,) = attempts_of(conn, "t1")
+    assert attempt["message"] == "flaky", "the history keeps what the error was"
