@@ -85,11 +85,15 @@ class Settlement:
     """Claims to settle: ``rescue`` counts the run as a failed attempt (its worker died while
     it ran), ``release`` gives the task back without spending a retry (it never started, or
     we stopped the worker), ``complete`` writes the completion of a run whose handler
-    succeeded before its worker died."""
+    succeeded before its worker died. A rescued run is recorded in its task's failed
+    attempts with ``outcome`` (crashed, timeout, killed) and the ``signal`` that killed its
+    worker, if one did."""
     kind: str
     claims: tuple[Held, ...]
     reason: str
     unheard: "Unheard | None" = None
+    outcome: str = "crashed"
+    signal: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,14 +171,16 @@ class LeaseKeeper(threading.Thread):
                 del self._lost[held.token]
         return claims + lost
 
-    def settle(self, kind: str, claims: Sequence[Held], reason: str) -> None:
+    def settle(self, kind: str, claims: Sequence[Held], reason: str, *,
+               outcome: str = "crashed", signal: str | None = None) -> None:
         if not claims:
             return
         with self._wakeup:
             for held in claims:
                 self._held.pop(held.token, None)
                 self._lost.pop(held.token, None)
-            self._settlements.append(Settlement(kind, tuple(claims), reason))
+            self._settlements.append(Settlement(kind, tuple(claims), reason, outcome=outcome,
+                                                signal=signal))
             self._wakeup.notify()
 
     def settle_tokens(self, kind: str, holder: Holder, tokens: Sequence[int],
@@ -188,10 +194,12 @@ class LeaseKeeper(threading.Thread):
                 self._wakeup.notify()
         return claims
 
-    def settle_unheard(self, unheard: Unheard, reason: str) -> None:
+    def settle_unheard(self, unheard: Unheard, reason: str, *, outcome: str = "crashed",
+                       signal: str | None = None) -> None:
         """After a child's death: settle the claims it made and never told us of."""
         with self._wakeup:
-            self._settlements.append(Settlement("unheard", (), reason, unheard))
+            self._settlements.append(Settlement("unheard", (), reason, unheard,
+                                                outcome=outcome, signal=signal))
             self._wakeup.notify()
 
     def unsettled(self) -> list[str]:
@@ -340,8 +348,11 @@ class LeaseKeeper(threading.Thread):
                     self._settle_at = time.monotonic() + delay
                 # The lease will expire and a reaper will settle it if we never can. The
                 # first line is the error itself; later ones are context.
+                # A settlement of claims a dead child never reported names none yet.
                 emit("rescue_deferred", logging.WARNING,
-                     task_id=settlement.claims[0].task_id, tasks=len(settlement.claims),
+                     task_id=settlement.claims[0].task_id if settlement.claims else None,
+                     worker_id=settlement.unheard.worker_id if settlement.unheard else None,
+                     tasks=len(settlement.claims),
                      error=str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc),
                      retry_in=round(delay, 1))
                 return
@@ -351,7 +362,7 @@ class LeaseKeeper(threading.Thread):
 
     def _settle_one(self, conn, settlement: Settlement) -> None:
         if settlement.kind == "unheard":
-            self._settle_unheard(conn, settlement.unheard, settlement.reason)
+            self._settle_unheard(conn, settlement)
             return
         if settlement.kind == "release":
             released = store.release_tasks(conn, [(h.task_id, h.token) for h in settlement.claims])
@@ -363,14 +374,15 @@ class LeaseKeeper(threading.Thread):
             unsettled = self._complete(conn, settlement.claims)
         else:
             unsettled = [held for held in settlement.claims
-                         if not self._rescue(conn, held, settlement.reason)]
+                         if not self._rescue(conn, held, settlement)]
         # Lost before their holder died (a cancel): their runs are over now, and so is the
         # hold on the slot the cancel left them.
         store.end_lost_claims(conn, [(h.task_id, h.token) for h in unsettled])
 
-    def _settle_unheard(self, conn, unheard: Unheard, reason: str) -> None:
+    def _settle_unheard(self, conn, settlement: Settlement) -> None:
         from .claim_board import FINISHED, STARTED
 
+        unheard = settlement.unheard
         rows = store.unheard_claims(conn, unheard.worker_id,
                                     died_seconds_ago=time.monotonic() - unheard.died_at,
                                     known_tokens=sorted(unheard.known_tokens))
@@ -390,7 +402,9 @@ class LeaseKeeper(threading.Thread):
              **{k: len(v) for k, v in by_kind.items()})
         for kind, claims in by_kind.items():
             if claims:
-                self._settle_one(conn, Settlement(kind, tuple(claims), reason))
+                self._settle_one(conn, Settlement(kind, tuple(claims), settlement.reason,
+                                                  outcome=settlement.outcome,
+                                                  signal=settlement.signal))
 
     def _complete(self, conn, claims: Sequence[Held]) -> list[Held]:
         """Write these completions; the claims whose write changed nothing."""
@@ -412,9 +426,13 @@ class LeaseKeeper(threading.Thread):
                      worker_id=held.worker_id, pool=held.pool, written_by="supervisor")
         return unsettled
 
-    def _rescue(self, conn, held: Held, reason: str) -> bool:
-        """Count the dead child's run as a failed attempt; False if the claim had ended."""
-        row = store.rescue_task(conn, held.task_id, held.token, error=reason, retry=self.retry)
+    def _rescue(self, conn, held: Held, settlement: Settlement) -> bool:
+        """Count the dead child's run as a failed attempt (recorded with how it ended);
+        False if the claim had ended."""
+        reason = settlement.reason
+        row = store.rescue_task(conn, held.task_id, held.token, error=reason, retry=self.retry,
+                                worker_id=held.worker_id, outcome=settlement.outcome,
+                                signal=settlement.signal)
         if row is None:
             emit("rescue_skipped", task_id=held.task_id, task_type=held.task_type,
                  reason="the claim was already settled or lost")

@@ -235,3 +235,22 @@ class TaskOutput:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+def print_text(text: str) -> None:
+    """Text as it is (a traceback, for ``pgtaskd worker``), on the stream the JSON lines go
+    to, under the same lock: it never splits one of them."""
+    handler = _direct
+    stream = handler.stream if handler is not None else sys.stderr
+    lock = handler.lock if handler is not None else None
+    try:
+        if lock is not None:
+            lock.acquire()
+        try:
+            stream.write(text if text.endswith("\n") else text + "\n")
+            stream.flush()
+        finally:
+            if lock is not None:
+                lock.release()
+    except (OSError, ValueError):
+        pass  # a closed or full stderr must not stop a worker

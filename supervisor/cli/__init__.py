@@ -253,11 +253,17 @@ def _add_task_commands(commands) -> None:
     retry.add_argument("ids", nargs="+", metavar="ID", help="ids of the tasks to retry")
 
     show = _command(
-        commands, "show", "print every field of one task",
-        "Print every column of one task, the payload as indented JSON.",
+        commands, "show", "print every field of one task and its last failure",
+        "Print every column of one task, the payload as indented JSON, then its latest "
+        "failed attempt with its traceback, if it had one. --attempts prints every failed "
+        "attempt kept (the last 20), oldest first. --json adds last_failure (null if none) "
+        "and, with --attempts, failed_attempts.",
         "pgtaskd show 0b9c4f0e-2d4e-4d6a-9a51-3f1c2d7e8a10\n"
+        "pgtaskd show charge-order-42 --attempts\n"
         "pgtaskd show charge-order-42 --json | jq .error_message")
     show.add_argument("id", metavar="ID", help="the task id")
+    show.add_argument("--attempts", action="store_true",
+                      help="print every failed attempt kept, with its traceback")
 
     listing = _command(
         commands, "list", "list tasks as a table, most recently updated first",

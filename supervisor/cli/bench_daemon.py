@@ -200,7 +200,7 @@ def measure_drain(daemon: BenchDaemon, conn, options: Options, progress) -> dict
     counts = store.count_by_status(conn)
     if counts.get("COMPLETED", 0) != options.tasks:
         raise OperationalError(f"drain ended with {counts}, not {options.tasks} COMPLETED")
-    conn.execute("TRUNCATE tasks")
+    conn.execute("TRUNCATE tasks, task_attempts")
     return {"tasks_per_second": options.tasks / elapsed, "cpu_us_per_task": cpu}
 
 
@@ -227,7 +227,7 @@ def measure_latency(daemon: BenchDaemon, conn, samples: int, progress) -> dict:
             latencies.append((started - submitted) * 1000)
             if sample % 10 == 0:
                 progress(f"latency {sample}/{samples}")
-    conn.execute("TRUNCATE tasks")
+    conn.execute("TRUNCATE tasks, task_attempts")
     return {"p50_ms": _percentile(latencies, 50), "p95_ms": _percentile(latencies, 95),
             "p99_ms": _percentile(latencies, 99), "samples": len(latencies)}
 

@@ -87,7 +87,7 @@ def measure_submit(dsn: str, count: int, progress) -> float:
             if n % 500 == 0:
                 progress(f"submit {n:,}/{count:,}")
         elapsed = time.monotonic() - started
-        conn.execute("TRUNCATE tasks")
+        conn.execute("TRUNCATE tasks, task_attempts")
     return count / elapsed
 
 
@@ -98,7 +98,7 @@ def measure_submit_many(dsn: str, count: int, progress) -> float:
         for offset in range(0, count, CHUNK):
             Client(conn).submit_many(noop_tasks(min(CHUNK, count - offset)))
         elapsed = time.monotonic() - started
-        conn.execute("TRUNCATE tasks")
+        conn.execute("TRUNCATE tasks, task_attempts")
     return count / elapsed
 
 
@@ -141,7 +141,7 @@ def measure_ceiling(dsn: str, options: Options, progress) -> float:
                 worker.wait()
         if done != options.tasks or tasks_left(conn):
             raise OperationalError(f"the ceiling processes completed {done} of {options.tasks}")
-        conn.execute("TRUNCATE tasks")
+        conn.execute("TRUNCATE tasks, task_attempts")
     return options.tasks / elapsed
 
 

@@ -107,7 +107,8 @@ def import_handlers_in_subprocess(config: Config, timeout: float = 60.0) -> list
 
 
 def cmd_worker(args, config: Config) -> int:
-    """One worker loop in this process: for debugging a handler without the supervisor."""
+    """One worker loop in this process: for debugging a handler without the supervisor. It
+    prints each failure's traceback on stderr, as Python prints it."""
     # Imported here, not for a circle: migrate and check-config need neither the worker
     # nor the daemon, and start faster without them.
     from ..channel import Link
@@ -133,7 +134,7 @@ def cmd_worker(args, config: Config) -> int:
             migrate(conn, pooled=config.database.transaction_pooler)
         return run_worker(config, pool_name=pool_name, slot=1, dsn=dsn,
                           channel=Link(None, blocking=True), stop_event=stop_event,
-                          on_worker=workers.append)
+                          on_worker=workers.append, print_tracebacks=True)
 
 
 def cmd_bench(args, config: Config) -> int:

@@ -7,6 +7,7 @@ configured database.
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 
 from ..client import STATUSES, Client, TaskNotFound, TaskStateError
 from ..config import Config
@@ -102,10 +103,14 @@ def _change_all(args, config: Config, change, done: str, new_status: str) -> int
 def cmd_show(args, config: Config) -> int:
     with Client.from_config(config) as client:
         task = client.get(args.id)
-    if task is None:
-        raise TaskNotFound(args.id)
+        if task is None:
+            raise TaskNotFound(args.id)
+        failures = client.failed_attempts(args.id, limit=None if args.attempts else 1)
     if args.json:
-        print_json(task)
+        shown_task = {**task, "last_failure": failures[-1] if failures else None}
+        if args.attempts:
+            shown_task["failed_attempts"] = failures
+        print_json(shown_task)
         return EXIT_OK
     if isinstance(task["payload"], StoredJson):
         print(f"note: task {printable(task['id'])}: the payload is shown as PostgreSQL stores "
@@ -116,7 +121,31 @@ def cmd_show(args, config: Config) -> int:
     for column in columns:
         lines = [printable(line) for line in shown(column, task[column]).splitlines() or [""]]
         print(column.ljust(width) + ("\n" + " " * width).join(lines))
+    if args.attempts:
+        print(f"\nfailed attempts: {len(failures) or 'none'}"
+              + (" (the last ones kept, oldest first)" if failures else ""))
+    elif failures:
+        print("\nlast failed attempt (all of them: --attempts)")
+    for failure in failures:
+        print()
+        print_failure(failure)
     return EXIT_OK
+
+
+def print_failure(failure: dict) -> None:
+    """One failed attempt: a line that says which run ended how, when and where, then its
+    traceback (or, with none, its message)."""
+    outcome = failure["outcome"] + (f" ({failure['signal']})" if failure["signal"] else "")
+    took = ""
+    started, ended = failure["started_at"], failure["ended_at"]
+    if isinstance(started, datetime) and isinstance(ended, datetime):
+        took = f" after {max((ended - started).total_seconds(), 0.0):.3f} s"
+    print(printable(f"run {shown('attempt', failure['attempt'])}: {outcome} at "
+                    f"{human_time(ended)}{took}, worker {shown('worker', failure['worker_id'])}"))
+    body = failure["traceback"] or ": ".join(
+        part for part in (failure["error_type"], failure["message"]) if part)
+    for line in body.rstrip("\n").splitlines():
+        print("  " + printable(line))
 
 
 def cmd_list(args, config: Config) -> int:

@@ -1,4 +1,5 @@
-"""The Python client: submit tasks, inspect, cancel and retry them, and list the daemons.
+"""The Python client: submit tasks, inspect them (with their failed attempts), cancel and
+retry them, and list the daemons.
 
     from supervisor import Client
 
@@ -25,14 +26,14 @@ from ..task_fields import (MAX_DELAY_SECONDS, MAX_ID_LENGTH, MAX_NAME_LENGTH,
 from .browse import Browsing, Page, TaskFilter
 from .connection import DEFAULT_CONNECT_TIMEOUT, ClientConnection
 from .daemons import DAEMON_STATES, DEFAULT_DAEMONS_LIMIT, MAX_DAEMONS_LIMIT, Daemons
-from .operate import (CANCELLABLE_STATUSES, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT,
-                      RETRYABLE_STATUSES, STATUSES, Operating, TaskNotFound, TaskStateError,
-                      check_status, who_pauses)
+from .operate import (CANCELLABLE_STATUSES, DEFAULT_LIST_LIMIT, FAILED_ATTEMPTS_KEPT,
+                      MAX_LIST_LIMIT, RETRYABLE_STATUSES, STATUSES, Operating, TaskNotFound,
+                      TaskStateError, check_status, who_pauses)
 from .submit import MAX_SUBMIT_ROUNDS, SubmittedId, Submitting
 
 __all__ = [
     "CANCELLABLE_STATUSES", "DAEMON_STATES", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_DAEMONS_LIMIT",
-    "DEFAULT_LIST_LIMIT", "MAX_DAEMONS_LIMIT", "MAX_DELAY_SECONDS",
+    "DEFAULT_LIST_LIMIT", "FAILED_ATTEMPTS_KEPT", "MAX_DAEMONS_LIMIT", "MAX_DELAY_SECONDS",
     "MAX_ID_LENGTH", "MAX_LIST_LIMIT", "MAX_NAME_LENGTH", "MAX_PAUSED_BY_LENGTH",
     "MAX_SUBMIT_ROUNDS", "MAX_UNIQUE_KEY_LENGTH", "RETRYABLE_STATUSES", "STATUSES",
     "SUBMIT_FIELDS", "Client", "NewTask", "Page", "TaskFilter", "SubmittedId", "TaskNotFound", "TaskStateError",

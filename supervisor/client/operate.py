@@ -22,6 +22,8 @@ STATUSES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED")
 CANCELLABLE_STATUSES = ("PENDING", "RUNNING")
 RETRYABLE_STATUSES = ("FAILED", "CANCELLED")
 DEFAULT_LIST_LIMIT = 50
+# How many failed attempts the database keeps per task (migration 0012's trigger).
+FAILED_ATTEMPTS_KEPT = 20
 MAX_LIST_LIMIT = 10_000
 
 
@@ -190,6 +192,26 @@ class Operating:
         task_id = _check_lookup_id(task_id)
         with self._database() as conn:
             return store.get_task(conn, task_id)
+
+    def failed_attempts(self, task_id: str, *, limit: int | None = None
+                        ) -> list[dict[str, Any]]:
+        """The task's failed attempts, oldest first: the last 20 (the database keeps no
+        more), or the newest ``limit`` of them. Each is ``{"attempt", "outcome",
+        "worker_id", "started_at", "ended_at", "error_type", "message", "signal",
+        "traceback"}``: ``attempt`` is the run's number (the task's ``attempts`` when it
+        ended); ``outcome`` one of exception (the handler raised; retried if retries were
+        left), permanent (PermanentError, or a task the worker could not run), timeout,
+        killed (by the supervisor, for another reason), crashed (its worker died;
+        ``signal`` names the signal, if one killed it) or lease_lost (its worker stopped
+        renewing the lease, and the reaper or another worker's claim took the task back);
+        ``error_type``, ``message`` and ``traceback`` (at most 16 KiB: its head and tail)
+        are the exception's, for a run whose handler raised. Empty when the task never
+        failed, or does not exist (get() tells which)."""
+        task_id = _check_lookup_id(task_id)
+        limit = FAILED_ATTEMPTS_KEPT if limit is None else check_int(
+            "limit", limit, 1, FAILED_ATTEMPTS_KEPT)
+        with self._database() as conn:
+            return store.failed_attempts(conn, task_id, limit=limit)
 
     def list(self, status: str | None = None, task_type: str | None = None,
              limit: int = DEFAULT_LIST_LIMIT) -> list[dict[str, Any]]:

@@ -30,7 +30,8 @@ from . import systemd
 from .child_links import ChildLinks
 from .child_stops import ChildStops
 from ..claim_board import CLAIMED, FINISHED, STARTED
-from .children import BOOT_TIMEOUT, Child, RestartPolicy, describe_exit, kill_group, spawn_child
+from .children import (BOOT_TIMEOUT, Child, RestartPolicy, describe_exit, kill_group,
+                       signal_name, spawn_child)
 from ..config import Config
 from ..db.redact import redact_dsn
 from ..db.session import database_dsn
@@ -417,11 +418,14 @@ class Arbiter(ChildStops, Reloading, Shutdown):
                               lease_seconds=lease.seconds, renew_interval=lease.renew_interval)
         else:
             unheard = None
-        self._settle_held(held, state, stopped_on_purpose, self.death_reason(child, how))
+        reason, outcome = self.death_reason(child, how)
+        ending = {"outcome": outcome, "signal": signal_name(child.process.returncode)}
+        self._settle_held(held, state, stopped_on_purpose, reason, ending)
         if unheard is not None:
-            self.keeper.settle_unheard(unheard, self.death_reason(child, how))
+            self.keeper.settle_unheard(unheard, reason, **ending)
 
-    def _settle_held(self, held, state, stopped_on_purpose: bool, reason: str) -> None:
+    def _settle_held(self, held, state, stopped_on_purpose: bool, reason: str,
+                     ending: dict) -> None:
         if not held:
             return
         finished = [h for h in held if state.get(h.token) == FINISHED]
@@ -433,22 +437,24 @@ class Arbiter(ChildStops, Reloading, Shutdown):
         if stopped_on_purpose:
             self.keeper.settle("release", running, "release")
         else:
-            self.keeper.settle("rescue", running, reason)
+            self.keeper.settle("rescue", running, reason, **ending)
 
-    def death_reason(self, child: Child, how: str) -> str:
+    def death_reason(self, child: Child, how: str) -> tuple[str, str]:
+        """Why the run a dead child was in failed: the task's error, and the outcome its
+        failed attempt records (timeout, killed, crashed)."""
         worker = child.worker_id or child.label
         if child.stopping == "timeout":
-            return f"worker {worker} killed: its task {child.timeout_reason}"
+            return f"worker {worker} killed: its task {child.timeout_reason}", "timeout"
         if child.unheard:
             return (f"worker {worker} killed: its link to the supervisor closed while it ran "
-                    "the task (a handler closed its descriptors?)")
+                    "the task (a handler closed its descriptors?)", "killed")
         if child.stopping in ("reload", "shrink") and child.killed_by_us \
                 and child.stop_grace is not None:
             # The grace it was stopped with: a reload may have changed reload_timeout (or
             # removed it) since.
             return (f"worker {worker} killed: its task outlasted reload_timeout "
-                    f"({child.stop_grace:g} s) during a {child.stopping}")
-        return f"worker {worker} died ({how}) while running the task"
+                    f"({child.stop_grace:g} s) during a {child.stopping}", "killed")
+        return f"worker {worker} died ({how}) while running the task", "crashed"
 
     # -- status -----------------------------------------------------------------------------
 

@@ -241,13 +241,20 @@ def kill_group(child: Child) -> None:
         pass
 
 
+def signal_name(code: int | None) -> str | None:
+    """The signal a process died of (SIGKILL, ...) by its return code, or None."""
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
 def describe_exit(code: int, *, sent_by_us: bool = False) -> str:
     if code >= 0:
         return f"exit code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
+    name = signal_name(code)
     if sent_by_us:
         return f"{name} (sent by the supervisor)"
     if -code == signal.SIGKILL:

@@ -518,7 +518,9 @@ SELECT id FROM released;
 -- A failed run: back to PENDING after the backoff, or FAILED once max_retries retries were
 -- spent (max_retries 3 means 4 runs in all) or at once when the failure is permanent. The run
 -- is over: its slot (a limited type) is given back. (A claim lost meanwhile changes no row
--- here: a slot a cancel left it goes back through end_lost_claims, else with its lease.)
+-- here: a slot a cancel left it goes back through end_lost_claims, else with its lease.) The
+-- run is recorded in the task's failed attempts (migration 0012), with what the worker says
+-- of it: %(outcome)s, the exception's type, message and traceback.
 WITH failed AS (
     UPDATE tasks AS t
     SET
@@ -546,7 +548,7 @@ WITH failed AS (
               CASE WHEN t.status = 'PENDING'
                    THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
               END AS retry_delay,
-              t.task_type, t.slot
+              t.task_type, t.slot, t.attempts, t.started_at
 ),
 given_back AS (
     UPDATE task_type_slots AS s
@@ -554,6 +556,13 @@ given_back AS (
     FROM failed AS ended
     WHERE s.task_type = ended.task_type AND s.slot = ended.slot
       AND s.lease_token = %(token)s
+),
+recorded AS (
+    INSERT INTO task_attempts (task_id, attempt, worker_id, started_at, outcome, error_type,
+                               message, traceback)
+    SELECT %(task_id)s, failed.attempts, %(worker_id)s, failed.started_at, %(outcome)s,
+           %(error_type)s, %(message)s, %(traceback)s
+    FROM failed
 )
 SELECT status, retry_count, retry_delay FROM failed;
 
@@ -561,7 +570,8 @@ SELECT status, retry_count, retry_delay FROM failed;
 -- The supervisor saw the child holding this claim die: the run counts as a failed attempt at
 -- once, instead of after the lease expires. Conditioned on the claim's token only, because
 -- the dead child's worker id is the one on the row. A dead child runs nothing: its slot (a
--- limited type) is given back.
+-- limited type) is given back. The run is recorded in the task's failed attempts: how the
+-- child ended (%(outcome)s, and the %(signal)s that killed it, if one did).
 WITH rescued AS (
     UPDATE tasks AS t
     SET
@@ -585,7 +595,7 @@ WITH rescued AS (
               CASE WHEN t.status = 'PENDING'
                    THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
               END AS retry_delay,
-              t.slot
+              t.slot, t.attempts, t.started_at
 ),
 given_back AS (
     UPDATE task_type_slots AS s
@@ -593,6 +603,13 @@ given_back AS (
     FROM rescued AS ended
     WHERE s.task_type = ended.task_type AND s.slot = ended.slot
       AND s.lease_token = %(token)s
+),
+recorded AS (
+    INSERT INTO task_attempts (task_id, attempt, worker_id, started_at, outcome, message,
+                               signal)
+    SELECT rescued.id, rescued.attempts, %(worker_id)s, rescued.started_at, %(outcome)s,
+           %(error)s, %(signal)s
+    FROM rescued
 )
 SELECT id, task_type, status, retry_count, retry_delay FROM rescued;
 
@@ -604,15 +621,16 @@ SELECT id, task_type, status, retry_count, retry_delay FROM rescued;
 -- A RUNNING row with no lease at all (written by plain SQL: no claim leaves one) has no owner
 -- that renews it and no claim takes it over, so it counts as expired here. Each kind is one
 -- range of tasks_lease_idx (NULLs first: they are rare and would otherwise wait forever).
+-- Each reaped run is recorded in its task's failed attempts, as a lost lease.
 WITH expired AS (
-    SELECT unleased.id, unleased.slot, unleased.lease_token FROM (
-        SELECT id, slot, lease_token FROM tasks
+    SELECT unleased.id, unleased.slot, unleased.lease_token, unleased.claimed_by FROM (
+        SELECT id, slot, lease_token, claimed_by FROM tasks
         WHERE status = 'RUNNING' AND lease_until IS NULL
         LIMIT %(batch_size)s
         FOR UPDATE SKIP LOCKED) AS unleased
     UNION ALL
-    SELECT ran_out.id, ran_out.slot, ran_out.lease_token FROM (
-        SELECT id, slot, lease_token FROM tasks
+    SELECT ran_out.id, ran_out.slot, ran_out.lease_token, ran_out.claimed_by FROM (
+        SELECT id, slot, lease_token, claimed_by FROM tasks
         WHERE status = 'RUNNING' AND lease_until <= now()
         ORDER BY lease_until
         LIMIT %(batch_size)s
@@ -647,7 +665,8 @@ reaped AS (
               CASE WHEN t.status = 'PENDING'
                    THEN greatest(extract(epoch FROM t.scheduled_time - now()), 0)::float8
               END AS retry_delay,
-              expired.slot, expired.lease_token AS ended_token
+              expired.slot, expired.lease_token AS ended_token, expired.claimed_by,
+              t.attempts, t.started_at
 ),
 given_back AS (
     UPDATE task_type_slots AS s
@@ -655,6 +674,12 @@ given_back AS (
     FROM reaped
     WHERE s.task_type = reaped.task_type AND s.slot = reaped.slot
       AND s.lease_token = reaped.ended_token
+),
+recorded AS (
+    INSERT INTO task_attempts (task_id, attempt, worker_id, started_at, outcome, message)
+    SELECT reaped.id, reaped.attempts, reaped.claimed_by, reaped.started_at, 'lease_lost',
+           reaped.error_message
+    FROM reaped
 )
 SELECT id, task_type, status, retry_count, error_message, retry_delay FROM reaped;
 
@@ -705,9 +730,12 @@ WHERE t.id = ANY(ARRAY(SELECT id FROM doomed))
 -- when the slot's lease runs out (no renewal extends it: the task is no longer RUNNING).
 -- Freed here, the next task of the type started while this one still ran. The task row
 -- keeps naming its slot, which is how end_lost_claims finds it.
+-- The error of an earlier attempt is cleared: a cancelled task did not end by it (the task's
+-- failed attempts keep it).
 UPDATE tasks AS t
 SET
     status = 'CANCELLED',
+    error_message = NULL,
     claimed_by = NULL,
     lease_token = NULL,
     lease_until = NULL,
@@ -757,6 +785,17 @@ SELECT id, status, lease_token FROM target;
 
 -- name: get_task
 SELECT * FROM tasks WHERE id = %(task_id)s;
+
+-- name: failed_attempts
+-- A task's failed attempts (migration 0012), the newest %(limit)s of them, oldest first,
+-- read through the primary key.
+SELECT kept.attempt, kept.outcome, kept.worker_id, kept.started_at, kept.ended_at,
+       kept.error_type, kept.message, kept.signal, kept.traceback
+FROM (SELECT * FROM task_attempts
+       WHERE task_id = %(task_id)s
+       ORDER BY id DESC
+       LIMIT %(limit)s) AS kept
+ORDER BY kept.id;
 
 -- name: task_status
 SELECT status, claimed_by, lease_token, retry_count FROM tasks WHERE id = %(task_id)s;

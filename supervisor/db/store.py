@@ -154,14 +154,35 @@ def claim_states(conn, task_ids: Iterable[str]) -> dict[str, dict]:
     return {row["id"]: row for row in _all(conn, "claim_states", {"ids": list(task_ids)})}
 
 
+@dataclass(frozen=True)
+class Failure:
+    """How a failed run ended, for the task's failed attempts (task_attempts): ``outcome``
+    is one of OUTCOMES; the rest as the worker or the supervisor knows them."""
+    outcome: str
+    error_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+
+
+# How a failed run may end (task_attempts.outcome; migration 0012 says what each means).
+OUTCOMES = ("exception", "permanent", "timeout", "killed", "crashed", "lease_lost")
+
+
 def fail_attempt(conn, claim: Claim, *, error: str, permanent: bool, retry: RetryConfig,
-                 cpu_seconds: float | None = None,
-                 peak_rss_bytes: int | None = None) -> dict | None:
-    """Record a failed run. Returns {status, retry_count, retry_delay}, or None if not ours."""
+                 cpu_seconds: float | None = None, peak_rss_bytes: int | None = None,
+                 failure: Failure | None = None) -> dict | None:
+    """Record a failed run, and ``failure`` in the task's failed attempts (by default, an
+    exception known only by ``error``). Returns {status, retry_count, retry_delay}, or None
+    if not ours."""
+    failure = failure or Failure("permanent" if permanent else "exception", message=error)
     return _one(conn, "fail_attempt", {"task_id": claim.task_id, "worker_id": claim.worker_id,
                                        "token": claim.token, "error": error,
                                        "permanent": permanent, "cpu_seconds": cpu_seconds,
-                                       "peak_rss_bytes": peak_rss_bytes, **_backoff(retry)})
+                                       "peak_rss_bytes": peak_rss_bytes,
+                                       "outcome": failure.outcome,
+                                       "error_type": failure.error_type,
+                                       "message": failure.message,
+                                       "traceback": failure.traceback, **_backoff(retry)})
 
 
 def unheard_claims(conn, worker_id: str, *, died_seconds_ago: float,
@@ -188,11 +209,15 @@ def release_task(conn, task_id: str, token: int) -> bool:
     return bool(release_tasks(conn, [(task_id, token)]))
 
 
-def rescue_task(conn, task_id: str, token: int, *, error: str,
-                retry: RetryConfig) -> dict | None:
-    """A dead child's claim counts as a failed attempt now rather than at lease expiry."""
+def rescue_task(conn, task_id: str, token: int, *, error: str, retry: RetryConfig,
+                worker_id: str | None = None, outcome: str = "crashed",
+                signal: str | None = None) -> dict | None:
+    """A dead child's claim counts as a failed attempt now rather than at lease expiry,
+    recorded with how the child ended (``outcome``, the ``signal`` that killed it) and the
+    ``worker_id`` it had."""
     return _one(conn, "rescue_task", {"task_id": task_id, "token": token, "error": error,
-                                      **_backoff(retry)})
+                                      "worker_id": worker_id, "outcome": outcome,
+                                      "signal": signal, **_backoff(retry)})
 
 
 def reap_expired_leases(conn, *, batch_size: int, retry: RetryConfig) -> list[dict]:
@@ -232,6 +257,13 @@ def end_lost_claims(conn, claims: Sequence[tuple[str, int]]) -> dict[str, dict]:
 
 def get_task(conn, task_id: str) -> dict | None:
     return _one(conn, "get_task", {"task_id": task_id}, times=TimeOrText)
+
+
+def failed_attempts(conn, task_id: str, *, limit: int) -> list[dict]:
+    """The newest ``limit`` failed attempts of a task, oldest first: {attempt, outcome,
+    worker_id, started_at, ended_at, error_type, message, signal, traceback}."""
+    return _all(conn, "failed_attempts", {"task_id": task_id, "limit": limit},
+                times=TimeOrText)
 
 
 def task_status(conn, task_id: str) -> dict | None:

@@ -105,6 +105,8 @@ class Worker(BatchRunning, ConcurrentRunning, Settling):
         self._guard: threading.Thread | None = None
         # run_once() keeps each run's outcome for its caller; the endless loop does not.
         self.keep_outcomes = False
+        # `pgtaskd worker`, a debugging loop, prints each failure's traceback on stderr.
+        self.print_tracebacks = False
         self.outcomes: dict[int, Outcome] = {}
 
     # -- what the lease holder calls, from its own thread -----------------------------------
@@ -414,7 +416,10 @@ class Worker(BatchRunning, ConcurrentRunning, Settling):
         if task.timed_out and not isinstance(error, PermanentError):
             # The supervisor stopped the run: whatever the handler did after being told, it
             # counts as a failed attempt, so max_retries ends a task that always overruns.
-            error = TaskTimedOut(task.timed_out)
+            # What the handler raised, if anything, shows where it was stopped.
+            timed_out = TaskTimedOut(task.timed_out)
+            timed_out.__cause__ = error
+            error = timed_out
         if error is None:
             # Even if the task stopped being ours while the handler ran, the write is tried:
             # the token condition decides, and a lost claim drops the result as stale.

@@ -54,8 +54,9 @@ def parse_args(argv=None):
 
 def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: Link,
                stop_event: threading.Event, on_worker=lambda worker: None,
-               board_fd: int | None = None) -> int:
-    """Boot (handlers, database), report it, then loop until stopped. Returns an exit code."""
+               board_fd: int | None = None, print_tracebacks: bool = False) -> int:
+    """Boot (handlers, database), report it, then loop until stopped. Returns an exit code.
+    ``print_tracebacks``: print each failure's traceback on stderr (``pgtaskd worker``)."""
     pool_config = next((p for p in config.pools if p.name == pool_name), None)
     if pool_config is None:
         emit("worker_boot_failed", error=f"pools.{pool_name}: no such pool in the config")
@@ -92,6 +93,7 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: Link,
                         max_memory_mb=pool_config.max_memory_mb,
                         concurrency=pool_config.concurrency)
         worker.on_title = lambda state: proctitle.worker_title(pool_name, slot, state)
+        worker.print_tracebacks = print_tracebacks
         on_worker(worker)
         if stop_event.is_set():
             return EXIT_OK

@@ -23,8 +23,8 @@ from ..config import Config
 from ..db import store
 from ..db.deadline import within
 from ..errors import TaskCancelled
-from ..logs import emit
-from .failures import describe, shorten, with_origin
+from ..logs import emit, print_text
+from .failures import describe, failure_of, shorten, with_origin
 from .final_writes import DB_ERRORS, STATEMENT_DEADLINE, AlreadyWritten, write_final
 from .leases import LeaseHolder
 from .task import Task
@@ -64,6 +64,7 @@ class Settling:
     leases: LeaseHolder
     pool_name: str
     keep_outcomes: bool
+    print_tracebacks: bool
     outcomes: dict[int, Outcome]
     _held: dict[int, Task]
     _batch: threading.Condition
@@ -147,12 +148,16 @@ class Settling:
     def _fail(self, claim, task, error, permanent, fields, usage=(None, None)) -> Outcome:
         message = describe(error)
         detail = message if permanent else with_origin(error, message)
+        failure = failure_of(error, permanent)
+        if self.print_tracebacks and failure.traceback:
+            print_text(f"task {task.id} (run {task.attempts}) failed:\n{failure.traceback}")
         # fail_attempt answers None when the claim is not ours; "or False" keeps that apart
         # from _finalize's None, which means the write was given up on.
         result = self._finalize(
             lambda conn: store.fail_attempt(conn, claim, error=detail[:MAX_ERROR_MESSAGE],
                                             permanent=permanent, retry=self.config.retry,
-                                            cpu_seconds=usage[0], peak_rss_bytes=usage[1])
+                                            cpu_seconds=usage[0], peak_rss_bytes=usage[1],
+                                            failure=failure)
             or False,
             claim, fields)
         if result is None:

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 
-from conftest import wait_until
+from conftest import TEST_HANDLERS, wait_until
 from supervisor import Client
 from cli_runs import (COLUMNS, assert_refused, pgtaskd, row, shared_conn,  # noqa: F401
                       shared_dsn, task_count, write_config)
@@ -225,11 +225,53 @@ def test_show_prints_every_column(db_dsn):
     assert sorted(labels) == sorted(COLUMNS)
     assert "mail ops" in text.stdout and '"to": "ops"' in text.stdout
     as_json = json.loads(pgtaskd("show", "t1", "--json", dsn=db_dsn).stdout)
-    assert list(as_json) == COLUMNS
+    assert list(as_json) == COLUMNS + ["last_failure"]
     assert as_json["payload"] == {"to": "ops", "items": [1, 2]}
     for column in ("scheduled_time", "created_at", "updated_at"):
         assert datetime.fromisoformat(as_json[column]).utcoffset() == timedelta(0)
     assert as_json["finished_at"] is None
+    assert as_json["last_failure"] is None
+
+
+def test_worker_prints_tracebacks_and_show_prints_the_last_or_every_failed_attempt(
+        db_dsn, conn, tmp_path):
+    config = write_config(tmp_path, db_dsn, handlers={
+        "path": str(TEST_HANDLERS), "types": {"fail": "basic:fail"}},
+        retry={"base_delay": 0, "max_delay": 0, "jitter": 0}, poll_interval=0.05)
+    with Client(db_dsn) as client:
+        client.submit("fail", {"message": "no route to host"}, task_id="t1", max_retries=1)
+    worker = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "worker", "-c", config],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: row(conn, "t1")["status"] == "FAILED", timeout=30,
+                   message="both runs to fail")
+    finally:
+        worker.terminate()
+        _, stderr = worker.communicate(timeout=30)
+    # Before each failure's log line, its traceback as Python prints it.
+    for run in (1, 2):
+        printed = stderr.split(f"task t1 (run {run}) failed:\n", 1)[1].splitlines()
+        assert printed[0] == "Traceback (most recent call last):", stderr
+        assert printed[1].startswith('  File "') and printed[1].endswith(", in fail"), printed
+        assert "RuntimeError: no route to host" in printed[2:6], printed
+
+    text = pgtaskd("show", "t1", dsn=db_dsn).stdout.splitlines()
+    last = text[text.index("last failed attempt (all of them: --attempts)"):]
+    assert last[2].startswith("run 2: exception at ") and ", worker " in last[2], last
+    assert last[3] == "  Traceback (most recent call last):"
+    assert last[-1] == "  RuntimeError: no route to host"
+
+    every = pgtaskd("show", "t1", "--attempts", dsn=db_dsn).stdout
+    history = every[every.index("failed attempts: 2"):].splitlines()
+    assert [line.split(":")[0] for line in history if line.startswith("run ")] == [
+        "run 1", "run 2"]
+    assert history.count("  RuntimeError: no route to host") == 2
+
+    shown = json.loads(pgtaskd("show", "t1", "--attempts", "--json", dsn=db_dsn).stdout)
+    assert [a["attempt"] for a in shown["failed_attempts"]] == [1, 2]
+    assert shown["last_failure"] == shown["failed_attempts"][-1]
+    assert shown["last_failure"]["outcome"] == "exception"
+    assert shown["last_failure"]["traceback"].endswith("RuntimeError: no route to host\n")
 
 
 def test_show_of_a_missing_task_fails(shared_dsn):

@@ -13,6 +13,7 @@ import pytest
 from conftest import add_task, task_row, wait_until
 from daemon import HANDLER_TYPES, pid_alive
 from executions import read_runs
+from supervisor.db import store
 
 from supervisor.daemon.children import IDLE_STOP_GRACE
 
@@ -79,6 +80,8 @@ def test_a_child_whose_link_closed_is_retired_and_its_run_charged(start_daemon, 
     wait_until(lambda: task_row(conn, "unlinks-1")["status"] == "FAILED", timeout=15,
                message="the run of the child that cannot be heard to be charged")
     assert "link to the supervisor closed" in task_row(conn, "unlinks-1")["error_message"]
+    (attempt,) = store.failed_attempts(conn, "unlinks-1", limit=20)
+    assert (attempt["outcome"], attempt["signal"]) == ("killed", "SIGKILL"), attempt
     assert not pid_alive(old)
     runs = read_runs(log)
     assert [r["task_id"] for r in runs] == ["unlinks-1"]  # not run again behind its back

@@ -156,3 +156,29 @@ def test_processes_a_handler_abandons_are_killed_when_its_task_ends(start_daemon
     assert d.find("leftover_processes_killed", task_id="leaver")
     (worker,) = d.children()
     assert os.getpgid(worker) == worker
+
+
+# -- failed attempts ---------------------------------------------------------------------------
+
+
+def test_a_crash_and_timeouts_are_recorded_as_failed_attempts_of_their_kind(start_daemon, conn,
+                                                                            db_dsn):
+    start_daemon(pools={"default": {"processes": 3}}, handlers={"types": TYPES})
+    add_task(conn, "crash", "suicide", max_retries=0)
+    add_task(conn, "overrun", "overrun", {"seconds": 60}, max_retries=0)
+    add_task(conn, "coop", "overrun_cooperatively", {"seconds": 60}, max_retries=0)
+    wait_until(lambda: all(finished(conn, t) for t in ("crash", "overrun", "coop")),
+               timeout=30, message="the three runs to fail")
+    with Client(db_dsn) as client:
+        (crash,), (overrun,), (coop,) = (client.failed_attempts(t)
+                                         for t in ("crash", "overrun", "coop"))
+    assert (crash["outcome"], crash["signal"], crash["attempt"]) == ("crashed", "SIGKILL", 1)
+    assert "died (SIGKILL" in crash["message"] and crash["worker_id"], crash
+    # It ignored the news: killed once the grace ran out.
+    assert (overrun["outcome"], overrun["signal"]) == ("timeout", "SIGKILL"), overrun
+    assert "timed out after 1 s" in overrun["message"]
+    # It stopped when told: its worker recorded the failure, and where the handler was.
+    assert (coop["outcome"], coop["signal"], coop["error_type"]) == (
+        "timeout", None, "supervisor.errors.TaskTimedOut"), coop
+    assert "in overrun_cooperatively" in coop["traceback"], coop["traceback"]
+    assert coop["traceback"].endswith("TaskTimedOut: timed out after 1 s\n")
