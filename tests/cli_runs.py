@@ -21,7 +21,7 @@ COMMANDS = ["submit", "cancel", "retry", "show", "list", "stats", "migrate", "ch
 COLUMNS = ["id", "name", "task_type", "payload", "priority", "scheduled_time", "status",
            "retry_count", "max_retries", "created_at", "updated_at", "claimed_by", "lease_until",
            "error_message", "lease_token", "attempts", "started_at", "finished_at",
-           "unique_key", "cpu_seconds", "peak_rss_bytes", "slot"]
+           "unique_key", "cpu_seconds", "peak_rss_bytes", "slot", "staged"]
 
 
 def pgtaskd(*args: str, dsn: str | None, stdin: str | None = None,
