@@ -1,4 +1,4 @@
-"""The Python client: submit tasks, and inspect, cancel and retry them.
+"""The Python client: submit tasks, inspect, cancel and retry them, one by one or by filter.
 
     from supervisor import Client
 
@@ -22,6 +22,8 @@ writes nothing. Database trouble raises OperationalError with a one-line message
 from ..task_fields import (MAX_DELAY_SECONDS, MAX_ID_LENGTH, MAX_NAME_LENGTH,
                            MAX_PAUSED_BY_LENGTH, MAX_UNIQUE_KEY_LENGTH, SUBMIT_FIELDS, NewTask,
                            prepare_task, serialize_payload)
+from .bulk import (DEFAULT_BULK_BATCH, MAX_BULK_BATCH, BulkOperating, BulkOutcome,
+                   TaskFilter)
 from .connection import DEFAULT_CONNECT_TIMEOUT, ClientConnection
 from .operate import (CANCELLABLE_STATUSES, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT,
                       RETRYABLE_STATUSES, STATUSES, Operating, TaskNotFound, TaskStateError,
@@ -29,15 +31,16 @@ from .operate import (CANCELLABLE_STATUSES, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT,
 from .submit import MAX_SUBMIT_ROUNDS, SubmittedId, Submitting
 
 __all__ = [
-    "CANCELLABLE_STATUSES", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_LIST_LIMIT", "MAX_DELAY_SECONDS",
-    "MAX_ID_LENGTH", "MAX_LIST_LIMIT", "MAX_NAME_LENGTH", "MAX_PAUSED_BY_LENGTH",
-    "MAX_SUBMIT_ROUNDS", "MAX_UNIQUE_KEY_LENGTH", "RETRYABLE_STATUSES", "STATUSES",
-    "SUBMIT_FIELDS", "Client", "NewTask", "SubmittedId", "TaskNotFound", "TaskStateError",
+    "CANCELLABLE_STATUSES", "DEFAULT_BULK_BATCH", "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_LIST_LIMIT", "MAX_BULK_BATCH", "MAX_DELAY_SECONDS", "MAX_ID_LENGTH",
+    "MAX_LIST_LIMIT", "MAX_NAME_LENGTH", "MAX_PAUSED_BY_LENGTH", "MAX_SUBMIT_ROUNDS",
+    "MAX_UNIQUE_KEY_LENGTH", "RETRYABLE_STATUSES", "STATUSES", "SUBMIT_FIELDS", "BulkOutcome",
+    "Client", "NewTask", "SubmittedId", "TaskFilter", "TaskNotFound", "TaskStateError",
     "check_status", "prepare_task", "serialize_payload", "who_pauses",
 ]
 
 
-class Client(Submitting, Operating, ClientConnection):
+class Client(Submitting, Operating, BulkOperating, ClientConnection):
     """Submit and manage tasks over one connection.
 
     Not for concurrent use by several threads (they would share one transaction state):
