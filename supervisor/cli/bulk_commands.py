@@ -43,8 +43,9 @@ def cmd_purge(args, config: Config) -> int:
 def run_filtered(args, config: Config, action: str) -> int:
     if not has_filter(args):
         what = "a filter" if action == "purge" else "task ids, or a filter"
-        raise UsageError(f"pgtaskd {action}: give {what} (--type, --status, --since, --before, "
-                         f"--error, --id-prefix, --name-prefix or --unique-key)")
+        older = " --older-than," if action == "purge" else ""
+        raise UsageError(f"pgtaskd {action}: give {what} (--type, --status, --since, --before,"
+                         f"{older} --error, --id-prefix, --name-prefix or --unique-key)")
     with arguments_named():
         where = TaskFilter(**{field: getattr(args, option)
                               for option, field in FILTER_OPTIONS.items()
