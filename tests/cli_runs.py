@@ -16,8 +16,8 @@ import yaml
 from conftest import TEST_HANDLERS, scratch_database
 from supervisor import Client
 
-COMMANDS = ["submit", "cancel", "retry", "show", "list", "stats", "migrate", "check-config",
-            "pause", "resume", "schedules", "daemons"]
+COMMANDS = ["submit", "cancel", "retry", "purge", "show", "list", "stats", "migrate",
+            "check-config", "pause", "resume", "schedules", "daemons"]
 COLUMNS = ["id", "name", "task_type", "payload", "priority", "scheduled_time", "status",
            "retry_count", "max_retries", "created_at", "updated_at", "claimed_by", "lease_until",
            "error_message", "lease_token", "attempts", "started_at", "finished_at",

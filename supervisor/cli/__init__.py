@@ -22,8 +22,8 @@ from .. import __version__
 from ..config import MAX_LIMIT, load_config
 from ..errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError
 from .output import OutputLost
-from .argument_types import (limit_value, non_negative_int, parse_duration, parse_timestamp,
-                             positive_int, work_milliseconds)
+from .argument_types import (limit_value, non_negative_int, parse_age, parse_duration,
+                             parse_timestamp, parse_when, positive_int, work_milliseconds)
 
 EPILOG = textwrap.dedent("""\
     examples:
@@ -35,6 +35,8 @@ EPILOG = textwrap.dedent("""\
       pgtaskd show 0b9c4f0e-2d4e-4d6a-9a51-3f1c2d7e8a10  every field of one task
       pgtaskd cancel ID...                               cancel pending or running tasks
       pgtaskd retry ID...                                run failed or cancelled tasks again
+      pgtaskd retry --type T --since 1h --dry-run        ... or every task a filter matches
+      pgtaskd purge --type T --older-than 7d             delete finished tasks by filter
       pgtaskd stats --json                               queue counts, for scripts
       pgtaskd pause TYPE... / pgtaskd resume TYPE...     stop / restart claims of a type
       pgtaskd schedules                                  periodic tasks: next and last runs
@@ -235,22 +237,47 @@ def _add_task_commands(commands) -> None:
                         help="retries after the first run fails (default: 3, so 4 runs at most)")
 
     cancel = _command(
-        commands, "cancel", "cancel pending or running tasks",
-        "Cancel tasks: PENDING or RUNNING become CANCELLED (a running handler learns it at "
-        "its next lease renewal). A finished task is refused, naming its status. All or "
-        "nothing: if any ID cannot be cancelled, none is.",
+        commands, "cancel", "cancel pending or running tasks, by id or by filter",
+        "Cancel tasks by id: PENDING or RUNNING become CANCELLED (a running handler learns it "
+        "at its next lease renewal). A finished task is refused, naming its status. All or "
+        "nothing: if any ID cannot be cancelled, none is.\n\n"
+        "Or cancel every PENDING task a filter matches (--since and --before: when it was "
+        "submitted), in batches of --batch-size tasks, each committed on its own: RUNNING "
+        "tasks are not taken by a filter (cancel them by id). Tasks submitted after the "
+        "command started are left alone. --dry-run prints how many it would cancel.",
         "pgtaskd cancel 0b9c4f0e-2d4e-4d6a-9a51-3f1c2d7e8a10\n"
-        "pgtaskd cancel charge-order-42 charge-order-43 --json")
-    cancel.add_argument("ids", nargs="+", metavar="ID", help="ids of the tasks to cancel")
+        "pgtaskd cancel charge-order-42 charge-order-43 --json\n"
+        "pgtaskd cancel --type report --since 2h --dry-run\n"
+        "pgtaskd cancel --type report --id-prefix import- --max 5000")
+    cancel.add_argument("ids", nargs="*", metavar="ID", help="ids of the tasks to cancel")
+    _add_filter(cancel, "cancel")
 
     retry = _command(
-        commands, "retry", "run failed or cancelled tasks again",
+        commands, "retry", "run failed or cancelled tasks again, by id or by filter",
         "Put FAILED or CANCELLED tasks back to PENDING, due now, with retry_count reset to 0 "
         "and the last error cleared. Any other status is refused. All or nothing: if any ID "
-        "cannot be retried, none is.",
+        "cannot be retried, none is.\n\n"
+        "Or retry every FAILED or CANCELLED task a filter matches (--since and --before: "
+        "when it finished), in batches of --batch-size tasks, each committed on its own. A "
+        "task whose unique key a PENDING or RUNNING task holds is refused and counted; "
+        "tasks that finish after the command started are left alone. --dry-run prints how "
+        "many it would retry.",
         "pgtaskd retry 0b9c4f0e-2d4e-4d6a-9a51-3f1c2d7e8a10\n"
-        "pgtaskd retry $(pgtaskd list --status FAILED --type charge --json | jq -r '.[].id')")
-    retry.add_argument("ids", nargs="+", metavar="ID", help="ids of the tasks to retry")
+        "pgtaskd retry --type charge --status FAILED --since 1h --error timeout --dry-run\n"
+        "pgtaskd retry --type charge --status FAILED --since 1h --error timeout --json")
+    retry.add_argument("ids", nargs="*", metavar="ID", help="ids of the tasks to retry")
+    _add_filter(retry, "retry")
+
+    purge = _command(
+        commands, "purge", "delete finished tasks by filter",
+        "Delete every COMPLETED, FAILED or CANCELLED task a filter matches (--since, --before "
+        "and --older-than: when it finished), now, beside what retention deletes by age, in "
+        "batches of --batch-size tasks, each committed on its own. PENDING and RUNNING tasks "
+        "are never deleted. --dry-run prints how many it would delete.",
+        "pgtaskd purge --status COMPLETED --type report --older-than 7d --dry-run\n"
+        "pgtaskd purge --status COMPLETED --type report --older-than 7d\n"
+        "pgtaskd purge --status FAILED --error 'invalid card' --json")
+    _add_filter(purge, "purge")
 
     show = _command(
         commands, "show", "print every field of one task and its last failure",
@@ -358,6 +385,45 @@ def _add_task_commands(commands) -> None:
                          help="at most N daemons, 1 to 10000 (default: 100)")
 
 
+def _add_filter(parser: argparse.ArgumentParser, action: str) -> None:
+    """The filter of a bulk action: every option given must match."""
+    statuses = {"retry": "FAILED or CANCELLED (default: both)",
+                "cancel": "PENDING (the only one a filter takes)",
+                "purge": "COMPLETED, FAILED or CANCELLED (default: all three)"}[action]
+    time = "submitted" if action == "cancel" else "finished"
+    verb = {"retry": "retry", "cancel": "cancel", "purge": "delete"}[action]
+    group = parser.add_argument_group(
+        "filter (instead of ids)" if action != "purge" else "filter")
+    group.add_argument("--type", dest="types", action="append", metavar="T",
+                       help="only tasks of this type (repeat for several)")
+    group.add_argument("--status", dest="statuses", action="append", metavar="S",
+                       help=f"only tasks in this status: {statuses}")
+    group.add_argument("--since", type=parse_when, metavar="WHEN",
+                       help=f"only tasks {time} at or after WHEN: a duration back from now "
+                            f"(30m, 2h, 7d) or an ISO-8601 time with its zone")
+    when = group.add_mutually_exclusive_group()
+    when.add_argument("--before", type=parse_when, metavar="WHEN",
+                      help=f"only tasks {time} before WHEN (as --since)")
+    if action == "purge":
+        when.add_argument("--older-than", dest="before", type=parse_age, metavar="DURATION",
+                          help="only tasks finished more than DURATION ago (--before DURATION)")
+    group.add_argument("--error", metavar="TEXT",
+                       help="only tasks whose last error contains TEXT, in any case "
+                            "(%% and _ are plain characters)")
+    group.add_argument("--id-prefix", metavar="P", help="only tasks whose id starts with P")
+    group.add_argument("--name-prefix", metavar="P",
+                       help="only tasks whose name starts with P")
+    group.add_argument("--unique-key", metavar="KEY", help="only tasks with this unique key")
+    group.add_argument("--dry-run", action="store_true",
+                       help=f"{verb} nothing: print how many tasks it would {verb} (counting "
+                            f"stops past 10000 unless --max says more)")
+    group.add_argument("--max", dest="max_tasks", type=positive_int, metavar="N",
+                       help=f"{verb} at most N tasks, then stop")
+    group.add_argument("--batch-size", type=positive_int, metavar="N",
+                       help="tasks read and written per statement, each batch committed on "
+                            "its own (default: 1000, at most 10000)")
+
+
 def _silence_stdout() -> None:
     """Point stdout at /dev/null, so that the interpreter's last flush of what could not be
     written raises nothing more."""
@@ -413,6 +479,7 @@ def main(argv=None) -> int:
 _COMMAND_MODULES = {
     **dict.fromkeys(["run", "worker", "migrate", "check-config", "bench"], "daemon_commands"),
     **dict.fromkeys(["submit", "cancel", "retry", "show", "list", "stats"], "task_commands"),
+    "purge": "bulk_commands",
     **dict.fromkeys(["pause", "resume", "limit", "limits", "schedules"], "fleet_commands"),
     "daemons": "registry_commands",
     **dict.fromkeys(["web", "web-bench"], "web_commands"),

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from ..config import MAX_LIMIT
 from ..errors import quote
+from ..task_fields import MAX_DELAY_SECONDS
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)")
 _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -24,6 +25,29 @@ def parse_duration(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"cannot read {quote(text)} as a duration (like 30s, 5m, 2h, 1d, or seconds)")
     return float(match[1]) * _DURATION_UNITS[match[2]]
+
+
+def parse_when(text: str) -> datetime | timedelta:
+    """A moment for a filter (an argparse type): a duration back from now (``1h``, ``7d``, a
+    timedelta the client counts from the database's clock) or an ISO-8601 timestamp that
+    names its time zone."""
+    if _DURATION.fullmatch(text.strip().lower()):
+        return parse_age(text)
+    try:
+        return parse_timestamp(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"cannot read {quote(text)} as a duration back from now (like 30m, 2h, 7d) or "
+            f"an ISO-8601 time with its zone (like 2026-01-31T09:00:00Z)") from None
+
+
+def parse_age(text: str) -> timedelta:
+    """``--older-than``: a duration back from now (an argparse type)."""
+    seconds = parse_duration(text)
+    if seconds > MAX_DELAY_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{quote(text)} is more than {MAX_DELAY_SECONDS // 86400} days")
+    return timedelta(seconds=seconds)
 
 
 def parse_timestamp(text: str) -> datetime:

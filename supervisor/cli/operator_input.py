@@ -18,7 +18,10 @@ from .output import printable
 _ARGUMENTS = {"task_type": "TYPE", "task_id": "--id", "name": "--name",
               "priority": "--priority", "max_retries": "--max-retries",
               "unique_key": "--unique-key", "run_at": "--at", "delay": "--in",
-              "max_running": "N", "state": "--state", "limit": "--limit"}
+              "max_running": "N", "state": "--state", "limit": "--limit", "task_types": "--type", "statuses": "--status",
+              "since": "--since", "before": "--before", "error": "--error",
+              "id_prefix": "--id-prefix", "name_prefix": "--name-prefix",
+              "batch_size": "--batch-size", "max_tasks": "--max"}
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""The task commands: ``submit``, ``cancel``, ``retry``, ``show``, ``list`` and ``stats``.
+"""The task commands: ``submit``, ``cancel``, ``retry``, ``show``, ``list`` and ``stats``
+(``cancel`` and ``retry`` by filter: bulk_commands).
 
 Each runs once its arguments are parsed and its config loaded, through the client on the
 configured database.
@@ -14,6 +15,7 @@ from ..config import Config
 from ..db.loaders import StoredJson
 from ..db.queue_figures import COUNT_CAP
 from ..errors import EXIT_FAILURE, EXIT_OK, quote
+from .bulk_commands import check_ids_alone, run_filtered
 from .operator_input import arguments_named, read_payload
 from .output import OutputLost, human_time, print_json, printable, render_table, shown
 
@@ -64,10 +66,16 @@ def cmd_submit(args, config: Config) -> int:
 
 
 def cmd_cancel(args, config: Config) -> int:
+    if not args.ids:
+        return run_filtered(args, config, "cancel")
+    check_ids_alone(args, "cancel")
     return _change_all(args, config, Client.cancel, "cancelled", "CANCELLED")
 
 
 def cmd_retry(args, config: Config) -> int:
+    if not args.ids:
+        return run_filtered(args, config, "retry")
+    check_ids_alone(args, "retry")
     return _change_all(args, config, Client.retry, "retried", "PENDING")
 
 

@@ -1,5 +1,5 @@
 """The Python client: submit tasks, inspect them (with their failed attempts), cancel and
-retry them, and list the daemons.
+retry them, one by one or by filter, and list the daemons.
 
     from supervisor import Client
 
@@ -23,7 +23,9 @@ writes nothing. Database trouble raises OperationalError with a one-line message
 from ..task_fields import (MAX_DELAY_SECONDS, MAX_ID_LENGTH, MAX_NAME_LENGTH,
                            MAX_PAUSED_BY_LENGTH, MAX_UNIQUE_KEY_LENGTH, SUBMIT_FIELDS, NewTask,
                            prepare_task, serialize_payload)
-from .browse import Browsing, Page, TaskFilter
+from .browse import Browsing, ListFilter, Page
+from .bulk import (DEFAULT_BULK_BATCH, MAX_BULK_BATCH, BulkOperating, BulkOutcome,
+                   TaskFilter)
 from .connection import DEFAULT_CONNECT_TIMEOUT, ClientConnection
 from .daemons import DAEMON_STATES, DEFAULT_DAEMONS_LIMIT, MAX_DAEMONS_LIMIT, Daemons
 from .operate import (CANCELLABLE_STATUSES, DEFAULT_LIST_LIMIT, FAILED_ATTEMPTS_KEPT,
@@ -32,16 +34,17 @@ from .operate import (CANCELLABLE_STATUSES, DEFAULT_LIST_LIMIT, FAILED_ATTEMPTS_
 from .submit import MAX_SUBMIT_ROUNDS, SubmittedId, Submitting
 
 __all__ = [
-    "CANCELLABLE_STATUSES", "DAEMON_STATES", "DEFAULT_CONNECT_TIMEOUT", "DEFAULT_DAEMONS_LIMIT",
-    "DEFAULT_LIST_LIMIT", "FAILED_ATTEMPTS_KEPT", "MAX_DAEMONS_LIMIT", "MAX_DELAY_SECONDS",
-    "MAX_ID_LENGTH", "MAX_LIST_LIMIT", "MAX_NAME_LENGTH", "MAX_PAUSED_BY_LENGTH",
-    "MAX_SUBMIT_ROUNDS", "MAX_UNIQUE_KEY_LENGTH", "RETRYABLE_STATUSES", "STATUSES",
-    "SUBMIT_FIELDS", "Client", "NewTask", "Page", "TaskFilter", "SubmittedId", "TaskNotFound", "TaskStateError",
+    "CANCELLABLE_STATUSES", "DAEMON_STATES", "DEFAULT_BULK_BATCH", "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_DAEMONS_LIMIT", "DEFAULT_LIST_LIMIT", "FAILED_ATTEMPTS_KEPT", "MAX_BULK_BATCH",
+    "MAX_DAEMONS_LIMIT", "MAX_DELAY_SECONDS", "MAX_ID_LENGTH", "MAX_LIST_LIMIT",
+    "MAX_NAME_LENGTH", "MAX_PAUSED_BY_LENGTH", "MAX_SUBMIT_ROUNDS", "MAX_UNIQUE_KEY_LENGTH",
+    "RETRYABLE_STATUSES", "STATUSES", "SUBMIT_FIELDS", "BulkOutcome", "Client", "ListFilter",
+    "NewTask", "Page", "SubmittedId", "TaskFilter", "TaskNotFound", "TaskStateError",
     "check_status", "prepare_task", "serialize_payload", "who_pauses",
 ]
 
 
-class Client(Submitting, Operating, Daemons, Browsing, ClientConnection):
+class Client(Submitting, Operating, BulkOperating, Daemons, Browsing, ClientConnection):
     """Submit and manage tasks over one connection.
 
     Not for concurrent use by several threads (they would share one transaction state):

@@ -38,7 +38,7 @@ _FINISHED_PHASES = ("finished",)
 
 
 @dataclass(frozen=True)
-class TaskFilter:
+class ListFilter:
     """Which tasks a list shows. Only ``status`` picks an index; the texts filter the rows
     read (a unique key among PENDING or RUNNING tasks is looked up in its own index)."""
 
@@ -52,7 +52,7 @@ class TaskFilter:
     @classmethod
     def checked(cls, *, status: Any = "PENDING", task_type: Any = None, id_prefix: Any = None,
                 name_prefix: Any = None, unique_key: Any = None,
-                error: Any = None) -> "TaskFilter":
+                error: Any = None) -> "ListFilter":
         """A filter from untrusted values (a query string), or UsageError naming the field.
         Empty texts mean no filter."""
         return cls(status=check_status(status),
@@ -78,7 +78,7 @@ class Page:
     budget_spent: bool = False
     """Fewer than a page matched within the reading budget: more may match further on."""
     scanned: int = 0
-    filters: TaskFilter = field(default_factory=TaskFilter)
+    filters: ListFilter = field(default_factory=ListFilter)
 
 
 def _filter_text(name: str, value: Any, max_length: int) -> str | None:
@@ -169,13 +169,13 @@ class Browsing:
         with self._database() as conn:
             return store.console_task(conn, task_id)
 
-    def browse(self, filters: TaskFilter | None = None, *, after: str | None = None,
+    def browse(self, filters: ListFilter | None = None, *, after: str | None = None,
                page_size: int = DEFAULT_PAGE_SIZE) -> Page:
         """One page of tasks: PENDING in the order claims take them (due ones by priority,
         due time and age; then those due later, soonest first), RUNNING most recently
         started first, finished ones most recently finished first. ``after`` is the
         previous page's ``Page.after``. UsageError for a bad filter or key."""
-        filters = filters or TaskFilter()
+        filters = filters or ListFilter()
         if isinstance(page_size, bool) or not isinstance(page_size, int) \
                 or not 1 <= page_size <= MAX_PAGE_SIZE:
             raise UsageError(f"page_size: must be from 1 to {MAX_PAGE_SIZE}")
@@ -208,7 +208,7 @@ class Browsing:
         return _page(rows, filters, page_size)
 
 
-def _page(rows: list[dict], filters: TaskFilter, page_size: int) -> Page:
+def _page(rows: list[dict], filters: ListFilter, page_size: int) -> Page:
     matched = [row for row in rows if not row["scan_end"]]
     ends = [row for row in rows if row["scan_end"]]
     for row in rows:
@@ -225,7 +225,7 @@ def _page(rows: list[dict], filters: TaskFilter, page_size: int) -> Page:
     return Page(_without_keys(matched), None, filters=filters)
 
 
-def _matches(row: dict, filters: TaskFilter) -> bool:
+def _matches(row: dict, filters: ListFilter) -> bool:
     """The residual filters, for the one row a live unique key finds (the list statements
     apply them in SQL)."""
     error = (row["error_message"] or "").lower()
@@ -242,4 +242,4 @@ def _without_keys(rows: list[dict]) -> list[dict]:
 
 
 __all__ = ["ACTIVITY_MINUTES", "Browsing", "COUNT_CAP", "DEFAULT_PAGE_SIZE", "MAX_PAGE_SIZE",
-           "Page", "SCAN_BUDGET", "STATUSES", "TaskFilter", "decode_key", "encode_key"]
+           "Page", "SCAN_BUDGET", "STATUSES", "ListFilter", "decode_key", "encode_key"]

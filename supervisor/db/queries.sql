@@ -1049,6 +1049,185 @@ WHERE t.id = %(task_id)s
   AND holder.status IN ('PENDING', 'RUNNING')
   AND holder.unique_key IS NOT NULL;
 
+-- name: bulk_window
+-- The time window of a bulk action (retry, cancel, purge by filter), fixed once as it starts
+-- and by the database's clock: a duration counts back from now(). Its end is never later than
+-- the start, so that a task finished or submitted while the action runs is not taken: a task
+-- the action retried, that failed again meanwhile, is not met again further on, and a producer
+-- still submitting cannot keep a cancel going. As text, so that a bound no Python datetime
+-- holds ('infinity', the year 20000) passes through the client to the batches unchanged.
+SELECT coalesce(%(since_at)s::timestamptz,
+                now() - %(since_seconds)s::float8 * interval '1 second',
+                '-infinity')::text AS since,
+       least(coalesce(%(before_at)s::timestamptz,
+                      now() - %(before_seconds)s::float8 * interval '1 second'),
+             now())::text AS before;
+
+-- name: next_finished_type
+-- The first task type after %(after)s (NULL: the first of all) that has tasks of this finished
+-- status. A bulk action given no type walks the types one by one, so that each walk is one
+-- range of tasks_finished_walk_idx, its time window included; each probe is one index lookup.
+-- The literal status list repeats the index's predicate, so that a generic plan can use it.
+SELECT CASE WHEN %(after)s::text IS NULL
+            THEN (SELECT min(t.task_type) FROM tasks AS t
+                  WHERE t.status = %(status)s
+                    AND t.status IN ('COMPLETED', 'FAILED', 'CANCELLED'))
+            ELSE (SELECT min(t.task_type) FROM tasks AS t
+                  WHERE t.status = %(status)s
+                    AND t.status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+                    AND t.task_type > %(after)s::text)
+       END AS task_type;
+
+-- name: next_pending_type
+-- next_finished_type for PENDING tasks, through tasks_pending_walk_idx.
+SELECT CASE WHEN %(after)s::text IS NULL
+            THEN (SELECT min(t.task_type) FROM tasks AS t WHERE t.status = 'PENDING')
+            ELSE (SELECT min(t.task_type) FROM tasks AS t
+                  WHERE t.status = 'PENDING' AND t.task_type > %(after)s::text)
+       END AS task_type;
+
+-- name: scan_finished_tasks
+-- One batch of a bulk retry or purge, read without a lock: at most %(limit)s tasks of one
+-- finished status and type, in the window, after the batch before's last row (a keyset on
+-- tasks_finished_walk_idx, so every batch is one short index range), with whether each
+-- matches the rest of the filter. Each row's position is its finished time as text, for the
+-- next batch to start after. The error text is matched as text: its LIKE wildcards escaped.
+-- key_held (asked for by a dry-run retry): a PENDING or RUNNING task holds its unique key now.
+SELECT t.id, coalesce(t.finished_at, t.updated_at)::text AS position, t.unique_key,
+       coalesce(%(error)s::text IS NULL
+                OR t.error_message ILIKE '%%' || replace(replace(replace(
+                       %(error)s::text, '\', '\\'), '%%', '\%%'), '_', '\_') || '%%' ESCAPE '\',
+                false)
+       AND (%(id_prefix)s::text IS NULL OR starts_with(t.id, %(id_prefix)s::text))
+       AND (%(name_prefix)s::text IS NULL OR starts_with(t.name, %(name_prefix)s::text))
+       AND (%(unique_key)s::text IS NULL OR t.unique_key = %(unique_key)s::text) AS wanted,
+       %(with_holders)s::boolean AND t.unique_key IS NOT NULL
+       AND EXISTS (SELECT 1 FROM tasks AS holder
+                   WHERE holder.unique_key = t.unique_key
+                     AND holder.status IN ('PENDING', 'RUNNING')
+                     AND holder.unique_key IS NOT NULL) AS key_held
+FROM tasks AS t
+WHERE t.status = %(status)s
+  AND t.status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+  AND t.task_type = %(task_type)s
+  AND coalesce(t.finished_at, t.updated_at) >= %(since)s::timestamptz
+  AND coalesce(t.finished_at, t.updated_at) < %(before)s::timestamptz
+  AND (coalesce(t.finished_at, t.updated_at), t.id)
+      > (%(after_position)s::timestamptz, %(after_id)s::text)
+ORDER BY coalesce(t.finished_at, t.updated_at), t.id
+LIMIT %(limit)s;
+
+-- name: scan_pending_tasks
+-- scan_finished_tasks for a bulk cancel: PENDING tasks of one type by when they were
+-- submitted, through tasks_pending_walk_idx.
+SELECT t.id, t.created_at::text AS position, t.unique_key,
+       coalesce(%(error)s::text IS NULL
+                OR t.error_message ILIKE '%%' || replace(replace(replace(
+                       %(error)s::text, '\', '\\'), '%%', '\%%'), '_', '\_') || '%%' ESCAPE '\',
+                false)
+       AND (%(id_prefix)s::text IS NULL OR starts_with(t.id, %(id_prefix)s::text))
+       AND (%(name_prefix)s::text IS NULL OR starts_with(t.name, %(name_prefix)s::text))
+       AND (%(unique_key)s::text IS NULL OR t.unique_key = %(unique_key)s::text) AS wanted,
+       false AS key_held
+FROM tasks AS t
+WHERE t.status = 'PENDING'
+  AND t.task_type = %(task_type)s
+  AND t.created_at >= %(since)s::timestamptz
+  AND t.created_at < %(before)s::timestamptz
+  AND (t.created_at, t.id) > (%(after_position)s::timestamptz, %(after_id)s::text)
+ORDER BY t.created_at, t.id
+LIMIT %(limit)s;
+
+-- name: retry_scanned
+-- A bulk retry's write for one batch: the tasks a scan found, each retried as retry_task does
+-- (the same columns) if it is still in that status and window when this statement locks it.
+-- A row another session holds locked is skipped rather than waited for (an operator's open
+-- transaction must not stall the whole action): the caller counts it as skipped, as it does
+-- a row that changed since the scan. A unique key held by a PENDING or RUNNING task refuses
+-- the retry, and so does a key that an earlier task of this same batch takes back: the
+-- holder check reads the statement's snapshot, in which neither is live yet, and the unique
+-- index would refuse the second and fail the whole batch. A holder committed after the
+-- snapshot still makes the index refuse a row: the caller runs the batch again.
+WITH candidates AS (
+    SELECT t.id, t.unique_key, coalesce(t.finished_at, t.updated_at) AS finished
+    FROM tasks AS t
+    WHERE t.id = ANY(%(ids)s::text[])
+      AND t.status = %(status)s
+      AND t.status IN ('FAILED', 'CANCELLED')
+      AND coalesce(t.finished_at, t.updated_at) >= %(since)s::timestamptz
+      AND coalesce(t.finished_at, t.updated_at) < %(before)s::timestamptz
+    FOR UPDATE SKIP LOCKED
+),
+judged AS (
+    SELECT c.id,
+           c.unique_key IS NOT NULL
+           AND (row_number() OVER (PARTITION BY c.unique_key ORDER BY c.finished, c.id) > 1
+                OR EXISTS (SELECT 1 FROM tasks AS holder
+                           WHERE holder.unique_key = c.unique_key
+                             AND holder.status IN ('PENDING', 'RUNNING')
+                             AND holder.unique_key IS NOT NULL)) AS key_held
+    FROM candidates AS c
+),
+retried AS (
+    UPDATE tasks AS t
+    SET
+        status = 'PENDING',
+        retry_count = 0,
+        scheduled_time = now(),
+        error_message = NULL,
+        claimed_by = NULL,
+        lease_token = NULL,
+        lease_until = NULL,
+        finished_at = NULL,
+        updated_at = now()
+    FROM judged
+    WHERE t.id = judged.id
+      AND NOT judged.key_held
+    RETURNING t.id
+)
+SELECT (SELECT count(*) FROM retried) AS changed,
+       (SELECT count(*) FROM judged WHERE judged.key_held) AS refused;
+
+-- name: cancel_scanned
+-- A bulk cancel's write for one batch: the tasks a scan found, cancelled as cancel_task
+-- cancels a PENDING one, if still PENDING and in the window when locked (SKIP LOCKED: see
+-- retry_scanned). A PENDING task holds no limit slot, so none is given back.
+WITH candidates AS (
+    SELECT t.id
+    FROM tasks AS t
+    WHERE t.id = ANY(%(ids)s::text[])
+      AND t.status = 'PENDING'
+      AND t.created_at >= %(since)s::timestamptz
+      AND t.created_at < %(before)s::timestamptz
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE tasks AS t
+SET
+    status = 'CANCELLED',
+    claimed_by = NULL,
+    lease_token = NULL,
+    lease_until = NULL,
+    finished_at = now(),
+    updated_at = now()
+FROM candidates
+WHERE t.id = candidates.id
+RETURNING t.id;
+
+-- name: purge_scanned
+-- A bulk purge's write for one batch: the tasks a scan found, deleted if still in that
+-- finished status and window when locked (SKIP LOCKED, as retention deletes).
+DELETE FROM tasks AS t
+WHERE t.id = ANY(ARRAY(
+        SELECT c.id
+        FROM tasks AS c
+        WHERE c.id = ANY(%(ids)s::text[])
+          AND c.status = %(status)s
+          AND c.status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+          AND coalesce(c.finished_at, c.updated_at) >= %(since)s::timestamptz
+          AND coalesce(c.finished_at, c.updated_at) < %(before)s::timestamptz
+        FOR UPDATE SKIP LOCKED))
+  AND t.status = %(status)s;
+
 -- name: pause_task_type
 -- Pause a task type for every daemon: no claim that starts after this commits takes its
 -- tasks (complete_and_claim reads the pause). Pausing a paused type changes nothing, so the

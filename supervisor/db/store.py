@@ -329,6 +329,89 @@ def unique_key_holder(conn, task_id: str) -> dict | None:
     return _one(conn, "unique_key_holder", {"task_id": task_id})
 
 
+# How often a bulk retry's batch runs again after a unique key was taken under it: each run
+# sees the keys committed before it, so a second run fails only if yet another submit of one
+# of its keys committed in between.
+MAX_RETRY_BATCH_RUNS = 5
+
+
+def bulk_window(conn, *, since_at: datetime | None = None, since_seconds: float | None = None,
+                before_at: datetime | None = None,
+                before_seconds: float | None = None) -> tuple[str, str]:
+    """(since, before) of a bulk action as PostgreSQL's text, fixed now: a time given, or so
+    many seconds before the database's clock; before is never later than now."""
+    row = _one(conn, "bulk_window", {"since_at": since_at, "since_seconds": since_seconds,
+                                     "before_at": before_at, "before_seconds": before_seconds})
+    return row["since"], row["before"]
+
+
+def walk_start(window: tuple[str, str]) -> tuple[str, str]:
+    """The position before a walk's first row: the window's start, with an empty id, which
+    sorts before any other (a row at exactly that instant with an empty id is the only one
+    missed, and pgtaskd never writes an empty id). The start is the window's and not
+    -infinity so that the keyset condition begins the index range where the window does:
+    PostgreSQL starts the scan at the keyset's bound, not the time's."""
+    return window[0], ""
+
+
+def next_task_type(conn, *, status: str, after: str | None) -> str | None:
+    """The first task type after ``after`` (None: the first) with tasks in this status."""
+    name = "next_pending_type" if status == "PENDING" else "next_finished_type"
+    return _one(conn, name, {"status": status, "after": after})["task_type"]
+
+
+def scan_tasks(conn, *, status: str, task_type: str, window: tuple[str, str],
+               after: tuple[str, str], limit: int, matching: dict[str, str | None],
+               with_holders: bool = False) -> list[dict]:
+    """One batch of a bulk action, read without locking: up to ``limit`` tasks of this status
+    and type in the window, after the position ``after`` (walk_start(window) for the first
+    batch, then the last row's (position, id)), in the walk's order: {id, position,
+    unique_key, wanted (matches
+    ``matching``: error, id_prefix, name_prefix, unique_key), key_held (only asked for
+    ``with_holders``)}. PENDING walks by created_at, a finished status by finished_at."""
+    name = "scan_pending_tasks" if status == "PENDING" else "scan_finished_tasks"
+    return _all(conn, name, {
+        "status": status, "task_type": task_type, "since": window[0], "before": window[1],
+        "after_position": after[0], "after_id": after[1], "limit": limit,
+        "with_holders": with_holders, **matching})
+
+
+def retry_scanned(conn, ids: Sequence[str], *, status: str,
+                  window: tuple[str, str]) -> tuple[int, int]:
+    """Retry these tasks if they are still ``status`` and in the window: (retried, refused
+    because a live task holds the unique key). Rows locked by another session are left."""
+    params = {"ids": list(ids), "status": status, "since": window[0], "before": window[1]}
+    runs = 1
+    while True:
+        try:
+            with _savepoint(conn):
+                row = _one(conn, "retry_scanned", params)
+            return row["changed"], row["refused"]
+        except psycopg.errors.UniqueViolation:
+            # As in retry_task: a submit of one of these keys committed after the snapshot.
+            # Only the savepoint was undone (or the statement, in autocommit).
+            if (conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+                    or runs == MAX_RETRY_BATCH_RUNS):
+                raise
+            runs += 1
+
+
+def cancel_scanned(conn, ids: Sequence[str], *, window: tuple[str, str]) -> int:
+    """Cancel these tasks if they are still PENDING and in the window; how many were."""
+    with conn.cursor() as cur:
+        cur.execute(QUERIES["cancel_scanned"], {"ids": list(ids), "since": window[0],
+                                                "before": window[1]})
+        return cur.rowcount
+
+
+def purge_scanned(conn, ids: Sequence[str], *, status: str, window: tuple[str, str]) -> int:
+    """Delete these tasks if they are still ``status`` and in the window; how many were."""
+    with conn.cursor() as cur:
+        cur.execute(QUERIES["purge_scanned"], {"ids": list(ids), "status": status,
+                                               "since": window[0], "before": window[1]})
+        return cur.rowcount
+
+
 @contextlib.contextmanager
 def _savepoint(conn) -> Iterator[None]:
     """Inside an open transaction, a savepoint: a statement the database refuses then undoes

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 from starlette.requests import Request
 
-from ..client import STATUSES, TaskFilter, TaskNotFound
+from ..client import STATUSES, ListFilter, TaskNotFound
 from ..db.loaders import StoredJson
 from ..errors import UsageError
 from . import charts
@@ -56,7 +56,7 @@ def task_list(console: Console):
             raise UsageError(f"{unknown[0]}: not a filter of this list (filters: "
                              f"{', '.join(LIST_FIELDS)})")
         given = {field: query.get(key) for key, field in LIST_FIELDS.items() if key in query}
-        filters = TaskFilter.checked(**given)
+        filters = ListFilter.checked(**given)
         after = query.get("after") or None
         page = await console.read(lambda client: client.browse(filters, after=after))
         shown = {key: query.get(key, "") for key in LIST_FIELDS}

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from conftest import scratch_database
-from supervisor.client import Client, TaskFilter
+from supervisor.client import Client, ListFilter
 from supervisor.client.browse import SCAN_BUDGET
 from supervisor.db import store
 from supervisor.db.queries import QUERIES
@@ -99,7 +99,7 @@ def test_no_console_statement_reads_the_tasks_table_whole(big_table, name, param
     assert not scans, f"{name} reads tasks sequentially"
 
 
-def _all_pages(client: Client, filters: TaskFilter, page_size: int) -> tuple[list[str], int]:
+def _all_pages(client: Client, filters: ListFilter, page_size: int) -> tuple[list[str], int]:
     seen, after, pages = [], None, 0
     while True:
         page = client.browse(filters, after=after, page_size=page_size)
@@ -127,10 +127,10 @@ def test_pending_pages_across_types_in_claim_order_then_later_ones(conn):
         "CASE WHEN staged THEN -priority END, scheduled_time, "
         "CASE WHEN staged THEN created_at END, id")]
     client = Client(conn)
-    seen, pages = _all_pages(client, TaskFilter(status="PENDING"), 7)
+    seen, pages = _all_pages(client, ListFilter(status="PENDING"), 7)
     assert seen == expected
     assert pages == len(expected) // 7 + 1
-    one_type, _ = _all_pages(client, TaskFilter(status="PENDING", task_type="t2"), 5)
+    one_type, _ = _all_pages(client, ListFilter(status="PENDING", task_type="t2"), 5)
     assert one_type == [task_id for task_id in expected
                         if conn.execute("SELECT task_type FROM tasks WHERE id = %s",
                                         (task_id,)).fetchone()[0] == "t2"]
@@ -146,7 +146,7 @@ def test_a_rare_type_among_finished_tasks_is_found_a_budget_at_a_time(conn):
                'boom'
         FROM generate_series(1, %s) AS g""", (total,))
     client = Client(conn)
-    filters = TaskFilter(status="FAILED", task_type="rare")
+    filters = ListFilter(status="FAILED", task_type="rare")
     first = client.browse(filters, page_size=50)
     assert first.budget_spent and first.after is not None
     assert len(first.tasks) == SCAN_BUDGET // 500
@@ -162,7 +162,7 @@ def test_running_tasks_page_most_recently_started_first(conn):
         SELECT 'r-' || g, 'n', 't', 'RUNNING', 'w', now() + interval '1 minute',
                '2026-01-01 00:00Z'::timestamptz + (g % 4) * interval '1 second'
         FROM generate_series(1, 23) AS g""")
-    seen, _ = _all_pages(Client(conn), TaskFilter(status="RUNNING"), 4)
+    seen, _ = _all_pages(Client(conn), ListFilter(status="RUNNING"), 4)
     assert seen == [row[0] for row in conn.execute(
         "SELECT id FROM tasks ORDER BY started_at DESC, id DESC")]
 
@@ -170,9 +170,9 @@ def test_running_tasks_page_most_recently_started_first(conn):
 def test_a_unique_key_finds_the_live_task_holding_it(conn):
     client = Client(conn)
     client.submit("t", {}, task_id="holder", unique_key="invoice-7")
-    page = client.browse(TaskFilter(status="PENDING", unique_key="invoice-7"))
+    page = client.browse(ListFilter(status="PENDING", unique_key="invoice-7"))
     assert [task["id"] for task in page.tasks] == ["holder"] and page.after is None
-    assert client.browse(TaskFilter(status="PENDING", unique_key="invoice-7",
+    assert client.browse(ListFilter(status="PENDING", unique_key="invoice-7",
                                     task_type="other")).tasks == []
 
 
@@ -189,7 +189,7 @@ def test_a_unique_key_finds_the_live_task_holding_it(conn):
 def test_a_bad_filter_or_key_is_refused_with_its_reason(conn, filters, after, fragment):
     client = Client(conn)
     with pytest.raises(UsageError, match=fragment):
-        client.browse(TaskFilter.checked(**filters), after=after)
+        client.browse(ListFilter.checked(**filters), after=after)
 
 
 def _rollup(conn) -> dict:
