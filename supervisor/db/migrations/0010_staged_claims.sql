@@ -34,10 +34,16 @@ BEGIN
 END
 $$;
 
--- Called only for a PENDING row whose flag is wrong: a claim, a renewal and a completion
--- evaluate the condition alone, and so does a due submit (the default is right for it).
+-- Called only for a PENDING row whose flag is wrong; a due submit evaluates the condition
+-- alone (the default is right for it). Not on a change of status: claims, renewals and
+-- completions never fire it (with it, evaluating the condition cost every claim and final
+-- write about 60 us, a fifth of the statement). A row becomes PENDING again either with a
+-- new time (a retry, a reaped lease: they set scheduled_time, which fires it) or with the
+-- time and the flag it had when it left PENDING (a release, an operator's retry), which are
+-- still right: a claimed row was staged and is due, a row cancelled before it was staged
+-- is staged by the claims once its time comes near.
 CREATE TRIGGER tasks_stage_on_write
-    BEFORE INSERT OR UPDATE OF status, scheduled_time, staged ON tasks
+    BEFORE INSERT OR UPDATE OF scheduled_time, staged ON tasks
     FOR EACH ROW
     WHEN (NEW.status = 'PENDING'
           AND NEW.staged IS DISTINCT FROM (NEW.scheduled_time <= now() + pgtaskd_staging_lead()))
