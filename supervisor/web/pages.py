@@ -80,7 +80,12 @@ def _query(shown: dict, after: str | None) -> str:
 def task_page(console: Console):
     async def endpoint(request: Request):
         task_id = request.path_params["task_id"]
-        task = await console.read(lambda client: client.inspect(task_id))
+
+        def read(client):
+            task = client.inspect(task_id)
+            return task, client.failed_attempts(task_id) if task is not None else []
+
+        task, attempts = await console.read(read)
         if task is None:
             raise TaskNotFound(task_id)
         payload = task["payload"]
@@ -90,9 +95,8 @@ def task_page(console: Console):
             shown_payload = json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True)
         lease_left = task.pop("lease_left")
         database_now = task.pop("database_now")
-        # The attempts with their tracebacks (issue 17.1) plug in here, read through the
-        # client beside inspect(), and show under the error in task.html.
         return console.page(request, "task.html", task=task, payload=shown_payload,
+                            attempts=attempts,
                             lease_left=lease_left, database_now=database_now,
                             schedule=_schedule_of(console, task["id"]),
                             columns=[c for c in task if c not in ("payload", "error_message")])

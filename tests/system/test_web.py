@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from conftest import REPO_DIR, wait_until
+from supervisor import Client
 from web_console import PASSWORD, WebConsole, password_hash
 
 pytest_plugins = ["daemon"]
@@ -172,3 +173,23 @@ def test_the_daemons_page_lists_each_daemon_and_what_its_children_run(start_daem
         assert str(daemon.process.pid) in text
     finally:
         web.stop()
+
+
+def test_a_tasks_page_shows_each_failed_attempt_with_its_traceback(start_daemon, console,
+                                                                    conn, db_dsn):
+    start_daemon(pools={"default": {"processes": 1, "batch_size": 4}})
+    with Client(db_dsn) as client:
+        client.submit_many([{"task_type": "fail", "task_id": "t1", "max_retries": 1,
+                             "payload": {"message": "no route to <host>"}},
+                            {"task_type": "echo", "task_id": "t2"}])
+    wait_until(lambda: conn.execute("SELECT status FROM tasks WHERE id = 't1'").fetchone()[0]
+               == "FAILED", timeout=20, message="both runs of t1 to fail")
+    status, _, page = console.request("GET", "/tasks/t1")
+    assert status == 200
+    attempts = page[page.index('id="task-attempts"'):]
+    assert "<strong>Run 1</strong>: <span class=\"outcome\">exception" in attempts
+    assert "<strong>Run 2</strong>: <span class=\"outcome\">exception" in attempts
+    assert attempts.count('<pre class="traceback">Traceback (most recent call last):') == 2
+    assert attempts.count("RuntimeError: no route to &lt;host&gt;") == 4  # message, traceback
+    assert "<host>" not in page
+
