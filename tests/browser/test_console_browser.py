@@ -227,9 +227,10 @@ def test_a_tasks_page_shows_its_error_and_each_attempts_traceback(browser, conso
     browser.get(f"{consoles['readonly'].url}/tasks/{task_id}")
     assert text_of(browser, "#task-error") == error
     assert text_of(browser, "#task-status") == "FAILED"
-    # Oldest first, the newest one's traceback open; a live update keeps it as the reader left it.
+    # Oldest first, the newest traceback open; a live update keeps it as the reader left it.
     assert text_of(browser, "#traceback-2 pre").rstrip() == trace
-    assert browser.execute_script("return document.getElementById('traceback-1').open") is False
+    is_open = "return document.getElementById(arguments[0]).open"
+    assert browser.execute_script(is_open, "traceback-1") is False
     browser.execute_script("document.getElementById('task-error').scrollIntoView()")
     shot(browser, "task-failed")
     browser.find_element(By.CSS_SELECTOR, "#traceback-2 summary").click()
@@ -237,7 +238,7 @@ def test_a_tasks_page_shows_its_error_and_each_attempts_traceback(browser, conso
     wait_until(lambda: browser.execute_script(
         "return !document.getElementById('task-columns').dataset.old"), timeout=5,
         message="a live update of the page")
-    assert browser.execute_script("return document.getElementById('traceback-2').open") is False
+    assert browser.execute_script(is_open, "traceback-2") is False
 
 
 def test_retry_with_actions_on_makes_the_task_pending(browser, consoles, db):
