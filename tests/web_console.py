@@ -97,3 +97,14 @@ class WebConsole:
         cookie = headers["set-cookie"].split(";")[0]
         token = re.search(r'name="csrf-token" content="([^"]+)"', page)[1]
         return cookie, token
+
+    def log_in(self) -> tuple[str, str]:
+        """A session of the user ``ops`` (PASSWORD): its cookie header and its CSRF token."""
+        cookie, token = self.session()
+        status, headers, _ = self.request(
+            "POST", "/login", body={"csrf": token, "user": "ops", "password": PASSWORD},
+            headers={"Cookie": cookie})
+        assert status == 303
+        cookie = headers["set-cookie"].split(";")[0]
+        _, _, page = self.request("GET", "/login", headers={"Cookie": cookie})
+        return cookie, re.search(r'name="csrf-token" content="([^"]+)"', page)[1]

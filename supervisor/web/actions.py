@@ -2,8 +2,9 @@
 
 An action is taken only with ``web.actions: true``, by an authenticated user, with the
 session's CSRF token in its form; anything else is a 403 and changes nothing. Each calls
-the client's own function (retry, cancel, pause, resume, set_limit, remove_limit: no SQL of
-its own) and is logged as one JSON line with its user, whether it was done or refused.
+the client's own function (retry, cancel, pause, resume, set_limit, remove_limit, and
+retry_matching and cancel_matching for the list's bulk actions: no SQL of its own) and is
+logged as one JSON line with its user, whether it was done or refused.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from urllib.parse import parse_qs, quote
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from ..client import Client, TaskNotFound, TaskStateError
+from ..client import BulkOutcome, Client, TaskNotFound, TaskStateError
 from ..errors import OperationalError, UsageError, one_line
 from ..logs import emit
+from . import bulk
 from .app import Console, Refused, error_page
 from .passwords import check_password
 from .sessions import Session, same_token
@@ -100,8 +102,11 @@ def logout(console: Console):
 
 
 # The client's function behind each action, with the form fields it takes and the notice
-# it leaves. Bulk retry and cancel of a filtered list (issue 17.3) plug in here.
+# it leaves. A bulk action answers with a page of its own instead (a dry run's count and
+# its confirmation, or what it did): see bulk.py.
 ACTIONS = {
+    "bulk-retry": (("status",), lambda c, f: bulk.run(c, "bulk-retry", f), None),
+    "bulk-cancel": (("status",), lambda c, f: bulk.run(c, "bulk-cancel", f), None),
     "retry": (("task_id",), lambda c, f: c.retry(f["task_id"]), "retried"),
     "cancel": (("task_id",), lambda c, f: c.cancel(f["task_id"]), "cancelled"),
     "pause": (("task_type",), None, "paused"),
@@ -140,15 +145,18 @@ def act(console: Console):
         missing = [name for name in fields if not form.get(name)]
         if missing:
             raise UsageError(f"{missing[0]}: missing from the form")
-        target = {name: form[name] for name in fields}
+        target = ({"filter": bulk.logged_filter(form)} if action in bulk.BULK_ACTIONS
+                  else {name: form[name] for name in fields})
         try:
-            await console.read(lambda client: _run(action, client, form, session.user))
+            done = await console.read(lambda client: _run(action, client, form, session.user))
         except (TaskNotFound, TaskStateError, UsageError, OperationalError) as exc:
             emit("web_action", logging.WARNING, user=session.user, action=action,
                  outcome="refused", error=one_line(exc), **target)
             status = {TaskNotFound: 404, TaskStateError: 409, UsageError: 400}.get(
                 type(exc), 503)
             return error_page(console, request, status, str(exc))
+        if isinstance(done, BulkOutcome):
+            return bulk.answer(console, request, action, form, done, session.user)
         emit("web_action", user=session.user, action=action, outcome="done", **target)
         default = (f"/tasks/{quote(form['task_id'], safe='')}" if "task_id" in fields
                    else "/limits" if "limit" in action else "/pauses")

@@ -51,23 +51,27 @@ def overview(console: Console):
 def task_list(console: Console):
     async def endpoint(request: Request):
         query = request.query_params
-        unknown = sorted(set(query) - set(LIST_FIELDS) - {"after", "notice"})
-        if unknown:
-            raise UsageError(f"{unknown[0]}: not a filter of this list (filters: "
-                             f"{', '.join(LIST_FIELDS)})")
-        given = {field: query.get(key) for key, field in LIST_FIELDS.items() if key in query}
-        filters = ListFilter.checked(**given)
+        filters = list_filter(query, also={"after", "notice"})
         after = query.get("after") or None
         page = await console.read(lambda client: client.browse(filters, after=after))
         shown = {key: query.get(key, "") for key in LIST_FIELDS}
         shown["status"] = filters.status
-        # Bulk actions on the filtered list (issue 17.3) plug in here: a form with the
-        # filters above, posted to /actions/bulk-retry or /actions/bulk-cancel.
         return console.page(request, "tasks.html", page=page, filters=shown,
                             statuses=STATUSES, first=after is None,
                             next_query=_query(shown, page.after) if page.after else None,
                             first_query=_query(shown, None))
     return endpoint
+
+
+def list_filter(values, *, also: set[str]) -> ListFilter:
+    """The task list's filter from a query string or a form (whose other keys are ``also``),
+    or UsageError naming the key."""
+    unknown = sorted(set(values) - set(LIST_FIELDS) - also)
+    if unknown:
+        raise UsageError(f"{unknown[0]}: not a filter of this list (filters: "
+                         f"{', '.join(LIST_FIELDS)})")
+    given = {field: values.get(key) for key, field in LIST_FIELDS.items() if key in values}
+    return ListFilter.checked(**given)
 
 
 def _query(shown: dict, after: str | None) -> str:
@@ -80,7 +84,12 @@ def _query(shown: dict, after: str | None) -> str:
 def task_page(console: Console):
     async def endpoint(request: Request):
         task_id = request.path_params["task_id"]
-        task = await console.read(lambda client: client.inspect(task_id))
+
+        def read(client):
+            task = client.inspect(task_id)
+            return task, client.failed_attempts(task_id) if task is not None else []
+
+        task, attempts = await console.read(read)
         if task is None:
             raise TaskNotFound(task_id)
         payload = task["payload"]
@@ -90,9 +99,8 @@ def task_page(console: Console):
             shown_payload = json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=True)
         lease_left = task.pop("lease_left")
         database_now = task.pop("database_now")
-        # The attempts with their tracebacks (issue 17.1) plug in here, read through the
-        # client beside inspect(), and show under the error in task.html.
         return console.page(request, "task.html", task=task, payload=shown_payload,
+                            attempts=attempts,
                             lease_left=lease_left, database_now=database_now,
                             schedule=_schedule_of(console, task["id"]),
                             columns=[c for c in task if c not in ("payload", "error_message")])

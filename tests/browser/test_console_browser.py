@@ -213,14 +213,32 @@ def test_filtering_the_failed_tasks_of_one_type(browser, consoles, db):
     shot(browser, "tasks-failed")
 
 
-def test_a_tasks_page_shows_its_error(browser, consoles, db):
+def test_a_tasks_page_shows_its_error_and_each_attempts_traceback(browser, consoles, db):
     kind = new_type("err")
     error = "RuntimeError: the upstream answered 502 Bad Gateway\n(after 3 tries)"
     (task_id,) = add_tasks(db, kind, 1, status="FAILED", error=error, finished="now()")
+    trace = ('Traceback (most recent call last):\n  File "/srv/app/sync.py", line 41, in '
+             'handle\n    fetch(task.payload["url"])\n' + error)
+    for run in (1, 2):
+        db.execute("INSERT INTO task_attempts (task_id, attempt, worker_id, started_at, "
+                   "outcome, error_type, message, traceback) VALUES (%s, %s, 'host:7:w1', "
+                   "now(), 'exception', 'RuntimeError', %s, %s)",
+                   (task_id, run, error.split(": ", 1)[1], trace))
     browser.get(f"{consoles['readonly'].url}/tasks/{task_id}")
     assert text_of(browser, "#task-error") == error
     assert text_of(browser, "#task-status") == "FAILED"
+    # Oldest first, the newest traceback open; a live update keeps it as the reader left it.
+    assert text_of(browser, "#traceback-2 pre").rstrip() == trace
+    is_open = "return document.getElementById(arguments[0]).open"
+    assert browser.execute_script(is_open, "traceback-1") is False
+    browser.execute_script("document.getElementById('task-error').scrollIntoView()")
     shot(browser, "task-failed")
+    browser.find_element(By.CSS_SELECTOR, "#traceback-2 summary").click()
+    browser.execute_script("document.getElementById('task-columns').dataset.old = '1'")
+    wait_until(lambda: browser.execute_script(
+        "return !document.getElementById('task-columns').dataset.old"), timeout=5,
+        message="a live update of the page")
+    assert browser.execute_script(is_open, "traceback-2") is False
 
 
 def test_retry_with_actions_on_makes_the_task_pending(browser, consoles, db):

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from conftest import REPO_DIR, wait_until
+from supervisor import Client
 from web_console import PASSWORD, WebConsole, password_hash
 
 pytest_plugins = ["daemon"]
@@ -172,3 +173,108 @@ def test_the_daemons_page_lists_each_daemon_and_what_its_children_run(start_daem
         assert str(daemon.process.pid) in text
     finally:
         web.stop()
+
+
+def test_a_tasks_page_shows_each_failed_attempt_with_its_traceback(start_daemon, console,
+                                                                    conn, db_dsn):
+    start_daemon(pools={"default": {"processes": 1, "batch_size": 4}})
+    with Client(db_dsn) as client:
+        client.submit_many([{"task_type": "fail", "task_id": "t1", "max_retries": 1,
+                             "payload": {"message": "no route to <host>"}},
+                            {"task_type": "echo", "task_id": "t2"}])
+    wait_until(lambda: conn.execute("SELECT status FROM tasks WHERE id = 't1'").fetchone()[0]
+               == "FAILED", timeout=20, message="both runs of t1 to fail")
+    status, _, page = console.request("GET", "/tasks/t1")
+    assert status == 200
+    attempts = page[page.index('id="task-attempts"'):]
+    assert "<strong>Run 1</strong>: <span class=\"outcome\">exception" in attempts
+    assert "<strong>Run 2</strong>: <span class=\"outcome\">exception" in attempts
+    assert attempts.count('<pre class="traceback">Traceback (most recent call last):') == 2
+    assert attempts.count("RuntimeError: no route to &lt;host&gt;") == 4  # message, traceback
+    assert "<host>" not in page
+
+
+def failed_tasks(conn) -> None:
+    conn.execute("""INSERT INTO tasks (id, name, task_type, status, finished_at, error_message)
+                    VALUES ('a1', 'n', 'a', 'FAILED', now(), 'TimeoutError: read timed out'),
+                           ('a2', 'n', 'a', 'FAILED', now(), 'timeout after 30 s'),
+                           ('a3', 'n', 'a', 'FAILED', now(), 'ValueError: bad row'),
+                           ('a4', 'n', 'a', 'CANCELLED', now(), 'timeout'),
+                           ('b1', 'n', 'b', 'FAILED', now(), 'timeout')""")
+
+
+def statuses(conn) -> dict[str, str]:
+    return dict(conn.execute("SELECT id, status FROM tasks").fetchall())
+
+
+def test_bulk_retry_counts_first_then_retries_exactly_what_the_list_shows(console, conn):
+    failed_tasks(conn)
+    before = statuses(conn)
+    cookie, token = console.log_in()
+    filters = {"status": "FAILED", "type": "a", "error": "TIMEOUT"}
+    _, _, page = console.request("GET", "/tasks?status=FAILED&type=a&error=TIMEOUT",
+                                 headers={"Cookie": cookie})
+    assert 'action="/actions/bulk-retry" id="bulk"' in page
+    status, _, page = console.request("POST", "/actions/bulk-retry",
+                                      body={"csrf": token, **filters},
+                                      headers={"Cookie": cookie})
+    assert status == 200 and "<strong>2</strong> tasks would be retried" in page
+    assert '<input type="hidden" name="confirm" value="yes">' in page
+    assert statuses(conn) == before
+    status, _, page = console.request("POST", "/actions/bulk-retry",
+                                      body={"csrf": token, **filters, "confirm": "yes"},
+                                      headers={"Cookie": cookie})
+    assert status == 200 and "Retried: 2." in page
+    assert statuses(conn) == {**before, "a1": "PENDING", "a2": "PENDING"}
+    logged = [e for e in console.log() if e["event"] == "web_action"]
+    assert logged == [{**logged[0], "user": "ops", "action": "bulk-retry", "outcome": "done",
+                       "filter": filters, "changed": 2, "refused": 0, "skipped": 0,
+                       "reached_max": False}]
+    # The PENDING list offers to cancel them: its dry run counts the two, and changes nothing.
+    _, _, page = console.request("GET", "/tasks?status=PENDING&type=a",
+                                 headers={"Cookie": cookie})
+    assert 'action="/actions/bulk-cancel" id="bulk"' in page
+    status, _, page = console.request("POST", "/actions/bulk-cancel",
+                                      body={"csrf": token, "status": "PENDING", "type": "a"},
+                                      headers={"Cookie": cookie})
+    assert status == 200 and "<strong>2</strong> tasks would be cancelled" in page
+    assert statuses(conn)["a1"] == "PENDING"
+
+
+def test_a_bulk_action_on_a_bad_filter_is_a_400(console, conn):
+    failed_tasks(conn)
+    before = statuses(conn)
+    cookie, token = console.log_in()
+    for form, fragment in (
+            ({"status": "RUNNING"}, "statuses: retry takes FAILED or CANCELLED tasks, not "
+                                    "RUNNING"),
+            ({"status": "FAILED", "sort": "id"}, "sort: not a filter of this list"),
+            ({"status": "FAILED", "type": "x" * 300}, "type: longer than 200")):
+        status, _, page = console.request("POST", "/actions/bulk-retry",
+                                          body={"csrf": token, "confirm": "yes", **form},
+                                          headers={"Cookie": cookie})
+        assert status == 400 and fragment in page, (form, page)
+    assert statuses(conn) == before
+
+
+def test_without_a_login_or_actions_there_is_no_bulk_form_and_its_post_is_a_403(
+        console, conn, tmp_path, db_dsn):
+    failed_tasks(conn)
+    before = statuses(conn)
+    showing = WebConsole(tmp_path / "web-showing", db_dsn,
+                         web={"auth": {"users": {"ops": password_hash()}}})
+    showing.start()
+    try:
+        for web, (cookie, token), refusal in (
+                (console, console.session(), "log in to act"),
+                (showing, showing.log_in(), "actions are off")):
+            _, _, page = web.request("GET", "/tasks?status=FAILED", headers={"Cookie": cookie})
+            assert ">a1<" in page and "bulk" not in page
+            status, _, page = web.request(
+                "POST", "/actions/bulk-retry",
+                body={"csrf": token, "status": "FAILED", "confirm": "yes"},
+                headers={"Cookie": cookie})
+            assert status == 403 and refusal in page
+    finally:
+        showing.stop()
+    assert statuses(conn) == before

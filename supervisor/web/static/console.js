@@ -19,6 +19,16 @@
     return active && live.contains(active) && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName);
   }
 
+  // A <details> the reader opened or closed (a traceback) stays so across updates.
+  function swap(html) {
+    var kept = {};
+    live.querySelectorAll("details[id]").forEach(function (d) { kept[d.id] = d.open; });
+    live.innerHTML = html;
+    live.querySelectorAll("details[id]").forEach(function (d) {
+      if (Object.prototype.hasOwnProperty.call(kept, d.id)) { d.open = kept[d.id]; }
+    });
+  }
+
   function tick() {
     if (busy || document.hidden || typing()) { return; }
     busy = true;
@@ -29,7 +39,7 @@
       return response.text();
     }).then(function (html) {
       if (html === null) { return; }
-      if (html !== last) { live.innerHTML = html; last = html; }
+      if (html !== last) { swap(html); last = html; }
       show("live", "updated " + new Date().toLocaleTimeString());
     }).catch(function () {
       show("offline", "the console cannot be reached");
