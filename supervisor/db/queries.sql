@@ -157,20 +157,6 @@ claimed AS (
     WHERE t.id = ANY(ARRAY(SELECT id FROM chosen))
     RETURNING t.*
 ),
-to_stage AS (
-    SELECT t.id FROM tasks AS t
-    WHERE t.status = 'PENDING' AND NOT t.staged
-      AND t.scheduled_time <= now() + pgtaskd_staging_lead()
-    ORDER BY t.scheduled_time
-    LIMIT 500
-    FOR UPDATE SKIP LOCKED
-),
-staged_now AS (
-    UPDATE tasks AS t SET staged = true
-    FROM to_stage
-    WHERE t.id = to_stage.id
-    RETURNING t.task_type, t.scheduled_time <= now() AS due
-),
 given_back AS (
     UPDATE task_type_slots AS s
     SET task_id = NULL, lease_token = NULL, lease_until = NULL
@@ -195,13 +181,7 @@ UNION ALL
 -- One row more when a limit binds one of the worker's unpaused types: store.py then uses
 -- complete_and_claim_limited from the next claim on (and in this one's place).
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'limited'
-WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type))
-UNION ALL
--- One row more when this statement staged due tasks of the worker's unpaused types: they
--- became claimable only as it ended, so a worker that claimed less than it asked for asks
--- again.
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'staged'
-WHERE EXISTS (SELECT 1 FROM staged_now JOIN unpaused USING (task_type) WHERE staged_now.due);
+WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type));
 
 -- name: complete_and_claim_limited
 -- complete_and_claim with global concurrency limits (migration 0007), for a worker one of
@@ -370,20 +350,6 @@ claimed AS (
     WHERE t.id = ANY(ARRAY(SELECT id FROM chosen))
     RETURNING t.*
 ),
-to_stage AS (
-    SELECT t.id FROM tasks AS t
-    WHERE t.status = 'PENDING' AND NOT t.staged
-      AND t.scheduled_time <= now() + pgtaskd_staging_lead()
-    ORDER BY t.scheduled_time
-    LIMIT 500
-    FOR UPDATE SKIP LOCKED
-),
-staged_now AS (
-    UPDATE tasks AS t SET staged = true
-    FROM to_stage
-    WHERE t.id = to_stage.id
-    RETURNING t.task_type, t.scheduled_time <= now() AS due
-),
 taken AS (
     UPDATE task_type_slots AS s
     SET task_id = c.id, lease_token = c.lease_token, lease_until = c.lease_until
@@ -416,13 +382,33 @@ UNION ALL
 -- One row more when a limit binds one of the worker's unpaused types: store.py then uses
 -- complete_and_claim_limited from the next claim on (and this one's leftover places).
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'limited'
-WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type))
-UNION ALL
--- One row more when this statement staged due tasks of the worker's unpaused types: they
--- became claimable only as it ended, so a worker that claimed less than it asked for asks
--- again.
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'staged'
-WHERE EXISTS (SELECT 1 FROM staged_now JOIN unpaused USING (task_type) WHERE staged_now.due);
+WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type));
+
+-- name: stage_tasks
+-- Stage the PENDING rows whose time is at most the staging lead away (migration 0010), at
+-- most 500 at a time, through the index of the rows not staged yet: one probe when none is
+-- near. Apart from the claim, so that a claim pays for none of its plan: the worker runs it
+-- when its claim came up short (a task whose time came may wait unstaged) and every
+-- quarter second while it claims full batches (so that a task is staged before its time on
+-- a busy queue, and taken in the seed's order). Rows locked by another stager are skipped.
+-- due_for_types: how many of the rows staged are due now and of the given types.
+WITH to_stage AS (
+    SELECT t.id FROM tasks AS t
+    WHERE t.status = 'PENDING' AND NOT t.staged
+      AND t.scheduled_time <= now() + pgtaskd_staging_lead()
+    ORDER BY t.scheduled_time
+    LIMIT 500
+    FOR UPDATE SKIP LOCKED
+),
+staged_now AS (
+    UPDATE tasks AS t SET staged = true
+    FROM to_stage
+    WHERE t.id = to_stage.id
+    RETURNING t.task_type, t.scheduled_time <= now() AS due
+)
+SELECT count(*) AS staged,
+       count(*) FILTER (WHERE due AND task_type = ANY(%(task_types)s::text[])) AS due_for_types
+FROM staged_now;
 
 -- name: renew_leases
 -- One statement renews every lease a daemon's children hold. Each row is conditioned on its

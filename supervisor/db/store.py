@@ -8,6 +8,7 @@ never see SQL.
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 from dataclasses import dataclass
 from datetime import datetime
@@ -87,15 +88,37 @@ def complete_and_claim(conn, completions: Sequence[Claim], *, worker_id: str,
     if task_types:
         _LIMITED[conn] = limits_bind
     # Asked again, once, when the claim came up short and either a limit binds that the
-    # plain statement may not claim under, or it staged tasks of these types (they became
-    # claimable only as it ended: a worker woken for a task whose time came would otherwise
-    # wait a poll for it).
-    if len(claimed) < limit and ((limits_bind and not limited) or "staged" in signals):
+    # plain statement may not claim under, or staging found due tasks of these types (a
+    # worker woken for a task whose time came would otherwise wait a poll for it).
+    staged_due = task_types and _stage_if_due(conn, task_types, short=len(claimed) < limit)
+    if len(claimed) < limit and ((limits_bind and not limited) or staged_due):
         _, more, _ = _complete_and_claim(conn, limits_bind, {
             **params, "done_ids": [], "done_tokens": [], "done_cpu": [], "done_rss": [],
             "limit": limit - len(claimed)})
         claimed += more
     return landed, claimed
+
+
+# When each connection last staged (time.monotonic()): a connection whose claims come back
+# full stages this often, so that on a busy queue a task is staged well within the staging
+# lead (1 s) before its time.
+STAGE_EVERY = 0.25
+_STAGED_AT: weakref.WeakKeyDictionary[psycopg.Connection, float] = weakref.WeakKeyDictionary()
+
+
+def _stage_if_due(conn, task_types: list[str], *, short: bool) -> bool:
+    """Stage what is due or near (stage_tasks) when a claim came up short or a quarter second
+    passed; whether due tasks of these types were staged."""
+    now = time.monotonic()
+    if not short and now - _STAGED_AT.get(conn, 0.0) < STAGE_EVERY:
+        return False
+    _STAGED_AT[conn] = now
+    return stage_tasks(conn, task_types)["due_for_types"] > 0
+
+
+def stage_tasks(conn, task_types: Sequence[str] = ()) -> dict:
+    """{staged, due_for_types}: see stage_tasks in queries.sql."""
+    return _one(conn, "stage_tasks", {"task_types": list(task_types)})
 
 
 def _complete_and_claim(conn, limited: bool, params: dict) -> tuple[set[int], list[dict], set]:

@@ -10,11 +10,12 @@
 -- The claim's index holds only staged rows, so future rows are never in its way, whatever
 -- their number or priorities. A trigger keeps the flag right on every write that makes a row
 -- PENDING or moves its time, whoever writes (a client, plain SQL, a retry, an operator), and
--- whatever value the writer gave it. Rows whose time comes near are staged by the claims
--- themselves (complete_and_claim): each stages a bounded batch through the index of rows not
--- staged yet, which is one probe when none is near. Staging a second ahead means that on a
--- busy queue a task is in the claim's index before its time comes, and is taken in the
--- seed's order from its first due instant; the claim still checks the time.
+-- whatever value the writer gave it. Rows whose time comes near are staged by the workers
+-- (stage_tasks in queries.sql: when a claim comes up short, and every quarter second while
+-- claims come back full), a bounded batch at a time through the index of rows not staged
+-- yet, which is one probe when none is near. Staging a second ahead means that on a busy
+-- queue a task is in the claim's index before its time comes, and is taken in the seed's
+-- order from its first due instant; the claim still checks the time.
 --
 -- Not marked for older daemons: their claim does not know the flag, and without the index
 -- it was written for it would read the table instead of one level's rows.
