@@ -1613,10 +1613,12 @@ SELECT (SELECT count(*) FROM fixed WHERE NOT holder_runs) AS freed,
 --   slot, named by no task row, until its lease ran out. (An end that waited here sees the
 --   slot named on the row but not the slot's row, which is newer than its statement: it gives
 --   the slot back right after, store.py.) No window function here: FOR UPDATE refuses one.
--- Every other statement too locks a task's row before its slot's. The slot rows this
--- transaction changed before (repair_limit_slots, the pruning of set_task_type_limit) are
--- of ended claims, or of ones whose lease ran out or that plain SQL wrote: only an end of
--- one of those, in one batch with a task that waits here, could wait in a cycle with it.
+-- Every other statement too locks a task's row before its slot's, but a batch's end
+-- (complete_and_claim's done, release_tasks) locks its rows in whatever order its plan
+-- reads them: one that holds a row locked here while it waits for another can wait in a
+-- cycle with this statement. store.py bounds how long this statement waits for a row
+-- (bound_lock_waits) and, when it gave up, lets go of every row and starts again, so that
+-- the setter gives way, not the worker.
 WITH locked AS MATERIALIZED (
     SELECT t.id, t.lease_token, t.lease_until
     FROM tasks AS t
@@ -1672,6 +1674,12 @@ adopted AS (
     RETURNING t.id
 )
 SELECT count(*) AS adopted FROM adopted;
+
+-- name: bound_lock_waits
+-- How long each statement of the transaction may wait for a lock from now on (SET LOCAL):
+-- its setting before, to set back.
+SELECT current_setting('lock_timeout') AS previous,
+       set_config('lock_timeout', %(lock_timeout)s, true) AS lock_timeout;
 
 -- name: lock_limit_claims
 -- One writer of a type's claims at a time, so that each one computes the limit from every

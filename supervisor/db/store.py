@@ -475,8 +475,32 @@ def set_task_type_limit(conn, task_type: str, max_running: int, *,
                                                  "updated_by": updated_by,
                                                  "from_claims": from_claims})
         repair_limit_slots(conn, [task_type])
-        _one(conn, "adopt_running_tasks", {"task_type": task_type, "max_limit": MAX_LIMIT})
+        _adopt_running_tasks(conn, task_type)
     return row
+
+
+# adopt_running_tasks locks the running tasks' rows by id; a batch's end locks its own in
+# the order its plan reads them, so the two can wait for each other in a cycle. The setter
+# waits this long for a row, then lets go of the rows it holds (its savepoint) and starts
+# again: a cycle costs the worker a moment, never its statement (PostgreSQL would abort one
+# of the two after deadlock_timeout, 1 s by default, and the worker's as likely as not).
+ADOPT_LOCK_WAIT = "100ms"
+ADOPT_TRIES = 20
+
+
+def _adopt_running_tasks(conn, task_type: str) -> None:
+    params = {"task_type": task_type, "max_limit": MAX_LIMIT}
+    for _ in range(ADOPT_TRIES):
+        try:
+            with conn.transaction():
+                bound = _one(conn, "bound_lock_waits", {"lock_timeout": ADOPT_LOCK_WAIT})
+                _one(conn, "adopt_running_tasks", params)
+                _one(conn, "bound_lock_waits", {"lock_timeout": bound["previous"]})
+            return
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
+            continue
+    # A row held this long is not an end's (a session holds it): wait for it.
+    _one(conn, "adopt_running_tasks", params)
 
 
 def repair_limit_slots(conn, task_types: Sequence[str] | None = None) -> dict:

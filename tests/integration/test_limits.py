@@ -710,7 +710,7 @@ def backends_waiting_on_a_lock(conn, application_name: str) -> int:
 @pytest.mark.parametrize("way_out", ["complete", "complete_and_claim", "release", "fail",
                                      "rescue", "cancel"])
 def test_claims_ended_while_a_limit_set_adopts_them_keep_no_slot(client, db_dsn, conn,
-                                                                 way_out):
+                                                                 way_out, monkeypatch):
     """Setting a limit gives each task running without a slot one (adopt_running_tasks).
     Two such claims end while it does, held up by a session that holds the free slot it
     writes (one slot is that free row, the other a new row): an end that committed before the
@@ -726,6 +726,8 @@ def test_claims_ended_while_a_limit_set_adopts_them_keep_no_slot(client, db_dsn,
     assert sorted(ids(racing)) == ["a", "b"]
     store.complete_tasks(conn, [store.Claim("gone", "w", task_row(conn, "gone")["lease_token"])])
     assert held_slots(conn) == ["held"]
+    # The setter waits for the held slot row as long as it takes, its task rows locked.
+    monkeypatch.setattr(store, "ADOPT_TRIES", 0)
     errors: list[BaseException] = []
 
     def in_thread(work, application_name: str) -> threading.Thread:
@@ -767,6 +769,36 @@ def test_claims_ended_while_a_limit_set_adopts_them_keep_no_slot(client, db_dsn,
     assert held_slots(conn) == ["held"]
     assert store.repair_limit_slots(conn) == {"freed": 0, "bounded": 0, "restored_held": 0,
                                               "restored_free": 0}
+
+
+def test_a_setter_gives_way_to_a_batch_that_locks_its_tasks_in_another_order(client, db_dsn,
+                                                                             conn):
+    """A batch's end locks its task rows in the order its plan reads them; the setter locks
+    the running tasks' rows by id. A session stands in for such a batch: it holds b, the
+    setter holds a and waits for b, then the batch asks for a. The setter lets go and starts
+    again; neither is aborted as a deadlock, and both tasks, still running, count."""
+    add_task(conn, "a")
+    add_task(conn, "b")
+    claim(conn, "echo", limit=2)
+    outcome: list = []
+    with psycopg.connect(db_dsn) as batch:
+        batch.execute("SELECT 1 FROM tasks WHERE id = 'b' FOR UPDATE")
+
+        def set_limit() -> None:
+            with psycopg.connect(db_dsn, autocommit=True, application_name="setter") as own:
+                try:
+                    outcome.append(store.set_task_type_limit(own, "echo", 1, updated_by="t"))
+                except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                    outcome.append(exc)
+        setter = threading.Thread(target=set_limit)
+        setter.start()
+        wait_until(lambda: outcome or backends_waiting_on_a_lock(conn, "setter"),
+                   message="the setter to wait for b")
+        batch.execute("SELECT 1 FROM tasks WHERE id = 'a' FOR UPDATE")
+        batch.commit()
+    setter.join(30)
+    assert not isinstance(outcome[0], BaseException), outcome
+    assert sorted(held_slots(conn)) == ["a", "b"]
 
 
 def test_limits_set_and_removed_while_claims_race_deadlock_nothing_and_leak_no_slot(client,
