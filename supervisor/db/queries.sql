@@ -64,7 +64,7 @@ done AS (
       AND t.lease_token = usage.token
       AND t.status = 'RUNNING'
       AND t.claimed_by = %(worker_id)s
-    RETURNING t.lease_token, t.task_type, t.slot
+    RETURNING t.id, t.lease_token, t.task_type, t.slot
 ),
 unpaused(task_type) AS MATERIALIZED (
     SELECT requested.task_type
@@ -163,6 +163,7 @@ given_back AS (
     FROM done
     WHERE s.task_type = done.task_type AND s.slot = done.slot
       AND s.lease_token = done.lease_token
+    RETURNING s.lease_token
 )
 SELECT TRUE AS completed, NULL::text AS id, NULL::text AS name, NULL::text AS task_type,
        NULL::text AS payload, NULL::integer AS priority, NULL::integer AS retry_count,
@@ -181,7 +182,17 @@ UNION ALL
 -- One row more when a limit binds one of the worker's unpaused types: store.py then uses
 -- complete_and_claim_limited from the next claim on (and in this one's place).
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'limited'
-WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type));
+WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type))
+UNION ALL
+-- One row more for each completed claim whose task row names a slot that given_back did not
+-- free: the slot's row changed after this statement's snapshot (a limit's setter gave the
+-- running task that slot, adopt_running_tasks, and this statement waited for that task's
+-- row), so it cannot see it. store.py gives it back right after (end_lost_claims).
+SELECT NULL, done.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, done.lease_token, NULL, NULL,
+       NULL, 'kept'
+FROM done
+WHERE done.slot IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM given_back WHERE given_back.lease_token = done.lease_token);
 
 -- name: complete_and_claim_limited
 -- complete_and_claim with global concurrency limits (migration 0007), for a worker one of
@@ -220,7 +231,7 @@ done AS (
       AND t.lease_token = usage.token
       AND t.status = 'RUNNING'
       AND t.claimed_by = %(worker_id)s
-    RETURNING t.lease_token, t.task_type, t.slot
+    RETURNING t.id, t.lease_token, t.task_type, t.slot
 ),
 unpaused(task_type) AS MATERIALIZED (
     SELECT requested.task_type
@@ -364,6 +375,7 @@ given_back AS (
       AND s.lease_token = done.lease_token
       AND NOT EXISTS (SELECT 1 FROM placed
                       WHERE placed.task_type = s.task_type AND placed.slot = s.slot)
+    RETURNING s.lease_token
 )
 SELECT TRUE AS completed, NULL::text AS id, NULL::text AS name, NULL::text AS task_type,
        NULL::text AS payload, NULL::integer AS priority, NULL::integer AS retry_count,
@@ -382,7 +394,20 @@ UNION ALL
 -- One row more when a limit binds one of the worker's unpaused types: store.py then uses
 -- complete_and_claim_limited from the next claim on (and this one's leftover places).
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'limited'
-WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type));
+WHERE EXISTS (SELECT 1 FROM unpaused JOIN task_type_limits AS l USING (task_type))
+UNION ALL
+-- One row more for each completed claim whose task row names a slot that given_back did not
+-- free nor a claim took over: the slot's row changed after this statement's snapshot (a
+-- limit's setter gave the running task that slot, adopt_running_tasks, and this statement
+-- waited for that task's row), so it cannot see it. store.py gives it back right after
+-- (end_lost_claims).
+SELECT NULL, done.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, done.lease_token, NULL, NULL,
+       NULL, 'kept'
+FROM done
+WHERE done.slot IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM given_back WHERE given_back.lease_token = done.lease_token)
+  AND NOT EXISTS (SELECT 1 FROM placed
+                  WHERE placed.task_type = done.task_type AND placed.slot = done.slot);
 
 -- name: stage_tasks
 -- Stage the PENDING rows whose time is at most the staging lead away (migration 0010), at
@@ -497,8 +522,16 @@ given_back AS (
     FROM released AS ended
     WHERE s.task_type = ended.task_type AND s.slot = ended.slot
       AND s.lease_token = ended.ended_token
+    RETURNING s.lease_token
 )
-SELECT id FROM released;
+-- slot_kept: its row names a slot given_back did not free, one a limit's setter gave the
+-- task after this statement's snapshot (complete_and_claim's 'kept' rows): store.py gives it
+-- back right after.
+SELECT released.id,
+       released.slot IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM given_back
+                       WHERE given_back.lease_token = released.ended_token) AS slot_kept
+FROM released;
 
 -- name: fail_attempt
 -- A failed run: back to PENDING after the backoff, or FAILED once max_retries retries were
@@ -542,6 +575,8 @@ given_back AS (
     FROM failed AS ended
     WHERE s.task_type = ended.task_type AND s.slot = ended.slot
       AND s.lease_token = %(token)s
+
+    RETURNING s.lease_token
 ),
 recorded AS (
     INSERT INTO task_attempts (task_id, attempt, worker_id, started_at, outcome, error_type,
@@ -550,7 +585,10 @@ recorded AS (
            %(error_type)s, %(message)s, %(traceback)s
     FROM failed
 )
-SELECT status, retry_count, retry_delay FROM failed;
+-- slot_kept: as release_tasks says.
+SELECT status, retry_count, retry_delay,
+       slot IS NOT NULL AND NOT EXISTS (SELECT 1 FROM given_back) AS slot_kept
+FROM failed;
 
 -- name: rescue_task
 -- The supervisor saw the child holding this claim die: the run counts as a failed attempt at
@@ -589,6 +627,8 @@ given_back AS (
     FROM rescued AS ended
     WHERE s.task_type = ended.task_type AND s.slot = ended.slot
       AND s.lease_token = %(token)s
+
+    RETURNING s.lease_token
 ),
 recorded AS (
     INSERT INTO task_attempts (task_id, attempt, worker_id, started_at, outcome, message,
@@ -597,7 +637,10 @@ recorded AS (
            %(error)s, %(signal)s
     FROM rescued
 )
-SELECT id, task_type, status, retry_count, retry_delay FROM rescued;
+-- slot_kept: as release_tasks says.
+SELECT id, task_type, status, retry_count, retry_delay,
+       slot IS NOT NULL AND NOT EXISTS (SELECT 1 FROM given_back) AS slot_kept
+FROM rescued;
 
 -- name: reap_expired_leases
 -- Tasks whose owner stopped renewing (a worker of any daemon that died or was cut off). Safe
@@ -1548,20 +1591,34 @@ SELECT (SELECT count(*) FROM fixed WHERE NOT holder_runs) AS freed,
 -- that they count: a free slot first, in slot order, else a new one above every slot the
 -- type has (held above the limit, like the excess of a lowered one, it ends with its task).
 -- A free slot a claim took since this statement read it is left alone (the recheck of the
--- locked row finds it held): its task stays without a slot. The task row names its slot
--- only where the slot row was written for it, and only while it still runs under the
--- same claim; a slot written for a task that ended meanwhile is freed by the next repair
--- (its lease is the task's, so it never outlives the claim either way). The slot row is
--- locked before the task row, unlike the final writes, but a task without a slot has no
--- slot row for them to lock, so none waits in a cycle.
-WITH unslotted AS MATERIALIZED (
-    SELECT t.id, t.lease_token, t.lease_until, row_number() OVER (ORDER BY t.id) AS n
+-- locked row finds it held): its task stays without a slot.
+-- locked: those tasks, their rows locked (in id order) before any slot row is written, and
+--   rechecked: a claim that ended since this statement began is left out, and one that ends
+--   from now on waits until this transaction has written its slot on the task row. Read
+--   without the lock, a claim that ended between the read and the slot's write kept that
+--   slot, named by no task row, until its lease ran out. (An end that waited here sees the
+--   slot named on the row but not the slot's row, which is newer than its statement: it gives
+--   the slot back right after, store.py.) No window function here: FOR UPDATE refuses one.
+-- Every other statement too locks a task's row before its slot's, but a batch's end
+-- (complete_and_claim's done, release_tasks) locks its rows in whatever order its plan
+-- reads them: one that holds a row locked here while it waits for another can wait in a
+-- cycle with this statement. store.py bounds how long this statement waits for a row
+-- (bound_lock_waits) and, when it gave up, lets go of every row and starts again, so that
+-- the setter gives way, not the worker.
+WITH locked AS MATERIALIZED (
+    SELECT t.id, t.lease_token, t.lease_until
     FROM tasks AS t
     WHERE EXISTS (SELECT 1 FROM task_type_limits AS l WHERE l.task_type = %(task_type)s)
       AND t.status = 'RUNNING' AND t.task_type = %(task_type)s AND t.slot IS NULL
       AND t.lease_until > now() AND t.lease_token IS NOT NULL
     ORDER BY t.id
     LIMIT %(max_limit)s
+    FOR UPDATE OF t
+),
+unslotted AS MATERIALIZED (
+    SELECT locked.id, locked.lease_token, locked.lease_until,
+           row_number() OVER (ORDER BY locked.id) AS n
+    FROM locked
 ),
 free AS MATERIALIZED (
     SELECT s.slot, row_number() OVER (ORDER BY s.slot) AS n
@@ -1603,6 +1660,12 @@ adopted AS (
     RETURNING t.id
 )
 SELECT count(*) AS adopted FROM adopted;
+
+-- name: bound_lock_waits
+-- How long each statement of the transaction may wait for a lock from now on (SET LOCAL):
+-- its setting before, to set back.
+SELECT current_setting('lock_timeout') AS previous,
+       set_config('lock_timeout', %(lock_timeout)s, true) AS lock_timeout;
 
 -- name: lock_limit_claims
 -- One writer of a type's claims at a time, so that each one computes the limit from every

@@ -81,7 +81,10 @@ def complete_and_claim(conn, completions: Sequence[Claim], *, worker_id: str,
         "done_cpu": [u[0] for u in usage], "done_rss": [u[1] for u in usage],
         "task_types": task_types, "lease_seconds": lease_seconds, "limit": limit}
     limited = _LIMITED.get(conn, True)
-    landed, claimed, signals = _complete_and_claim(conn, limited, params)
+    landed, claimed, signals, kept = _complete_and_claim(conn, limited, params)
+    # Completed claims whose slots the statement could not see (given to their tasks by a
+    # limit's setter it waited for): given back now that they are in view.
+    end_lost_claims(conn, kept)
     limits_bind = "limited" in signals
     # An answer to no types (a completion written alone) says nothing about limits: keeping
     # it would send the next claim through the plain statement (issue 14.6).
@@ -92,7 +95,7 @@ def complete_and_claim(conn, completions: Sequence[Claim], *, worker_id: str,
     # worker woken for a task whose time came would otherwise wait a poll for it).
     staged_due = task_types and _stage_if_due(conn, task_types, short=len(claimed) < limit)
     if len(claimed) < limit and ((limits_bind and not limited) or staged_due):
-        _, more, _ = _complete_and_claim(conn, limits_bind, {
+        _, more, _, _ = _complete_and_claim(conn, limits_bind, {
             **params, "done_ids": [], "done_tokens": [], "done_cpu": [], "done_rss": [],
             "limit": limit - len(claimed)})
         claimed += more
@@ -121,13 +124,16 @@ def stage_tasks(conn, task_types: Sequence[str] = ()) -> dict:
     return _one(conn, "stage_tasks", {"task_types": list(task_types)})
 
 
-def _complete_and_claim(conn, limited: bool, params: dict) -> tuple[set[int], list[dict], set]:
+def _complete_and_claim(conn, limited: bool, params: dict
+                        ) -> tuple[set[int], list[dict], set, list[tuple[str, int]]]:
     rows = _all(conn, "complete_and_claim_limited" if limited else "complete_and_claim", params,
                 times=TimeOrNone)
     landed = {row["lease_token"] for row in rows if row["completed"]}
     claimed = sorted((row for row in rows if row["completed"] is False),
                      key=lambda r: r["position"])
-    return landed, claimed, {row["signal"] for row in rows if row["completed"] is None}
+    kept = [(row["id"], row["lease_token"]) for row in rows if row["signal"] == "kept"]
+    return (landed, claimed, {row["signal"] for row in rows if row["completed"] is None},
+            kept)
 
 
 def claim_tasks(conn, *, worker_id: str, task_types: Iterable[str], lease_seconds: float,
@@ -198,14 +204,20 @@ def fail_attempt(conn, claim: Claim, *, error: str, permanent: bool, retry: Retr
     exception known only by ``error``). Returns {status, retry_count, retry_delay}, or None
     if not ours."""
     failure = failure or Failure("permanent" if permanent else "exception", message=error)
-    return _one(conn, "fail_attempt", {"task_id": claim.task_id, "worker_id": claim.worker_id,
-                                       "token": claim.token, "error": error,
-                                       "permanent": permanent, "cpu_seconds": cpu_seconds,
-                                       "peak_rss_bytes": peak_rss_bytes,
-                                       "outcome": failure.outcome,
-                                       "error_type": failure.error_type,
-                                       "message": failure.message,
-                                       "traceback": failure.traceback, **_backoff(retry)})
+    return _kept_given_back(conn, [(claim.task_id, claim.token)], _one(conn, "fail_attempt", {
+        "task_id": claim.task_id, "worker_id": claim.worker_id, "token": claim.token,
+        "error": error, "permanent": permanent, "cpu_seconds": cpu_seconds,
+        "peak_rss_bytes": peak_rss_bytes, "outcome": failure.outcome,
+        "error_type": failure.error_type, "message": failure.message,
+        "traceback": failure.traceback, **_backoff(retry)}))
+
+
+def _kept_given_back(conn, claims: Sequence[tuple[str, int]], row: dict | None) -> dict | None:
+    """A run ended by one statement whose slot it could not see (``slot_kept``: given to
+    its task by a limit's setter it waited for) gives it back now that it is in view."""
+    if row is not None and row.pop("slot_kept"):
+        end_lost_claims(conn, claims)
+    return row
 
 
 def unheard_claims(conn, worker_id: str, *, died_seconds_ago: float,
@@ -224,7 +236,12 @@ def release_tasks(conn, claims: Sequence[tuple[str, int]]) -> set[str]:
         return set()
     rows = _all(conn, "release_tasks", {"ids": [c[0] for c in claims],
                                         "tokens": [c[1] for c in claims]})
-    return {row["id"] for row in rows}
+    released = {row["id"] for row in rows}
+    kept = {row["id"] for row in rows if row["slot_kept"]}
+    # Slots the statement could not see (given to their tasks by a limit's setter it
+    # waited for): given back now that they are in view.
+    end_lost_claims(conn, [c for c in claims if c[0] in kept])
+    return released
 
 
 def release_task(conn, task_id: str, token: int) -> bool:
@@ -238,9 +255,9 @@ def rescue_task(conn, task_id: str, token: int, *, error: str, retry: RetryConfi
     """A dead child's claim counts as a failed attempt now rather than at lease expiry,
     recorded with how the child ended (``outcome``, the ``signal`` that killed it) and the
     ``worker_id`` it had."""
-    return _one(conn, "rescue_task", {"task_id": task_id, "token": token, "error": error,
-                                      "worker_id": worker_id, "outcome": outcome,
-                                      "signal": signal, **_backoff(retry)})
+    return _kept_given_back(conn, [(task_id, token)], _one(conn, "rescue_task", {
+        "task_id": task_id, "token": token, "error": error, "worker_id": worker_id,
+        "outcome": outcome, "signal": signal, **_backoff(retry)}))
 
 
 def reap_expired_leases(conn, *, batch_size: int, retry: RetryConfig) -> list[dict]:
@@ -481,8 +498,32 @@ def set_task_type_limit(conn, task_type: str, max_running: int, *,
                                                  "updated_by": updated_by,
                                                  "from_claims": from_claims})
         repair_limit_slots(conn, [task_type])
-        _one(conn, "adopt_running_tasks", {"task_type": task_type, "max_limit": MAX_LIMIT})
+        _adopt_running_tasks(conn, task_type)
     return row
+
+
+# adopt_running_tasks locks the running tasks' rows by id; a batch's end locks its own in
+# the order its plan reads them, so the two can wait for each other in a cycle. The setter
+# waits this long for a row, then lets go of the rows it holds (its savepoint) and starts
+# again: a cycle costs the worker a moment, never its statement (PostgreSQL would abort one
+# of the two after deadlock_timeout, 1 s by default, and the worker's as likely as not).
+ADOPT_LOCK_WAIT = "100ms"
+ADOPT_TRIES = 20
+
+
+def _adopt_running_tasks(conn, task_type: str) -> None:
+    params = {"task_type": task_type, "max_limit": MAX_LIMIT}
+    for _ in range(ADOPT_TRIES):
+        try:
+            with conn.transaction():
+                bound = _one(conn, "bound_lock_waits", {"lock_timeout": ADOPT_LOCK_WAIT})
+                _one(conn, "adopt_running_tasks", params)
+                _one(conn, "bound_lock_waits", {"lock_timeout": bound["previous"]})
+            return
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
+            continue
+    # A row held this long is not an end's (a session holds it): wait for it.
+    _one(conn, "adopt_running_tasks", params)
 
 
 def repair_limit_slots(conn, task_types: Sequence[str] | None = None) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from typing import Sequence
 
 import psycopg
 import pytest
@@ -254,17 +255,19 @@ def test_a_renewal_extends_no_slot_of_a_claim_that_ended(client, conn):
     assert conn.execute("SELECT lease_until FROM task_type_slots").fetchone()[0] == before
 
 
-def _end(conn, way_out: str, row: dict) -> None:
+def _end(conn, way_out: str, row: dict, more: Sequence[dict] = ()) -> None:
+    """End the claim of ``row`` (and of ``more``, where the way out ends a batch)."""
     claim_ = as_claim(row)
+    batch = [claim_, *(as_claim(other) for other in more)]
     if way_out == "complete":
-        store.complete_tasks(conn, [claim_])
+        store.complete_tasks(conn, batch)
     elif way_out == "complete_and_claim":
-        store.complete_and_claim(conn, [claim_], worker_id="w", task_types=["record"],
+        store.complete_and_claim(conn, batch, worker_id="w", task_types=["record"],
                                  lease_seconds=30, limit=1)
     elif way_out == "fail":
         store.fail_attempt(conn, claim_, error="boom", permanent=False, retry=NO_BACKOFF)
     elif way_out == "release":
-        store.release_tasks(conn, [(row["id"], row["lease_token"])])
+        store.release_tasks(conn, [(c.task_id, c.token) for c in batch])
     elif way_out == "rescue":
         store.rescue_task(conn, row["id"], row["lease_token"], error="died", retry=NO_BACKOFF)
     else:
@@ -695,6 +698,107 @@ def test_the_repair_changes_nothing_that_claims_renewals_and_ends_are_doing(clie
     assert [r for r in repaired if any(r.values())] == []
     assert most[0] <= 3
     assert held_slots(conn) == []
+
+
+def backends_waiting_on_a_lock(conn, application_name: str) -> int:
+    return conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+        "AND wait_event_type = 'Lock' AND datname = current_database()",
+        (application_name,)).fetchone()[0]
+
+
+@pytest.mark.parametrize("way_out", ["complete", "complete_and_claim", "release", "fail",
+                                     "rescue", "cancel"])
+def test_claims_ended_while_a_limit_set_adopts_them_keep_no_slot(client, db_dsn, conn,
+                                                                 way_out, monkeypatch):
+    """Setting a limit gives each task running without a slot one (adopt_running_tasks).
+    Two such claims end while it does, held up by a session that holds the free slot it
+    writes (one slot is that free row, the other a new row): an end that committed before the
+    setter wrote the slot rows left them held by ended tasks, and an end that waited for the
+    setter's lock on its task row named a slot its statement could not see, so kept it.
+    Either way the type ran one task fewer per leak until the slot's lease ran out."""
+    for task_id in ("gone", "held", "a", "b"):
+        add_task(conn, task_id)
+    claim(conn, "echo", limit=2)  # gone, held: added first, claimed first
+    client.set_limit("echo", 3)
+    client.remove_limit("echo")  # slots 1 and 2 stay held by gone and held; 3 goes
+    racing = claim(conn, "echo", limit=2)  # a, b: without a slot
+    assert sorted(ids(racing)) == ["a", "b"]
+    store.complete_tasks(conn, [store.Claim("gone", "w", task_row(conn, "gone")["lease_token"])])
+    assert held_slots(conn) == ["held"]
+    # The setter waits for the held slot row as long as it takes, its task rows locked.
+    monkeypatch.setattr(store, "ADOPT_TRIES", 0)
+    errors: list[BaseException] = []
+
+    def in_thread(work, application_name: str) -> threading.Thread:
+        def run() -> None:
+            try:
+                with psycopg.connect(db_dsn, autocommit=True,
+                                     application_name=application_name) as own:
+                    if way_out == "complete_and_claim":
+                        claim(own, "record")  # this connection now claims unlimited
+                    work(own)
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                errors.append(exc)
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    with psycopg.connect(db_dsn) as holder:
+        holder.execute("SELECT 1 FROM task_type_slots WHERE task_type = 'echo' AND slot = 1 "
+                       "FOR UPDATE")
+        setter = in_thread(lambda own: store.set_task_type_limit(own, "echo", 2,
+                                                                 updated_by="test"), "setter")
+        wait_until(lambda: errors or backends_waiting_on_a_lock(conn, "setter"),
+                   message="the setter to wait for the free slot's row")
+        if way_out in ("complete", "complete_and_claim", "release"):
+            enders = [in_thread(lambda own: _end(own, way_out, racing[0], racing[1:]),
+                                "ender")]
+        else:
+            enders = [in_thread(lambda own, row=row: _end(own, way_out, row), "ender")
+                      for row in racing]
+        wait_until(lambda: errors or not any(e.is_alive() for e in enders)
+                   or backends_waiting_on_a_lock(conn, "ender") == len(enders),
+                   message="the ends to land or to wait for the setter")
+        holder.rollback()
+    for thread in (setter, *enders):
+        thread.join(30)
+    assert not errors, errors[:3]
+    assert {task_row(conn, row["id"])["status"] for row in racing} <= \
+        {"COMPLETED", "PENDING", "FAILED", "CANCELLED"}
+    assert held_slots(conn) == ["held"]
+    assert store.repair_limit_slots(conn) == {"freed": 0, "bounded": 0, "restored_held": 0,
+                                              "restored_free": 0}
+
+
+def test_a_setter_gives_way_to_a_batch_that_locks_its_tasks_in_another_order(client, db_dsn,
+                                                                             conn):
+    """A batch's end locks its task rows in the order its plan reads them; the setter locks
+    the running tasks' rows by id. A session stands in for such a batch: it holds b, the
+    setter holds a and waits for b, then the batch asks for a. The setter lets go and starts
+    again; neither is aborted as a deadlock, and both tasks, still running, count."""
+    add_task(conn, "a")
+    add_task(conn, "b")
+    claim(conn, "echo", limit=2)
+    outcome: list = []
+    with psycopg.connect(db_dsn) as batch:
+        batch.execute("SELECT 1 FROM tasks WHERE id = 'b' FOR UPDATE")
+
+        def set_limit() -> None:
+            with psycopg.connect(db_dsn, autocommit=True, application_name="setter") as own:
+                try:
+                    outcome.append(store.set_task_type_limit(own, "echo", 1, updated_by="t"))
+                except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                    outcome.append(exc)
+        setter = threading.Thread(target=set_limit)
+        setter.start()
+        wait_until(lambda: outcome or backends_waiting_on_a_lock(conn, "setter"),
+                   message="the setter to wait for b")
+        batch.execute("SELECT 1 FROM tasks WHERE id = 'a' FOR UPDATE")
+        batch.commit()
+    setter.join(30)
+    assert not isinstance(outcome[0], BaseException), outcome
+    assert sorted(held_slots(conn)) == ["a", "b"]
 
 
 def test_limits_set_and_removed_while_claims_race_deadlock_nothing_and_leak_no_slot(client,
