@@ -851,13 +851,13 @@ RETURNING id;
 -- oldest_pending_age is the oldest task in head that is not paused, exact because head holds
 -- the oldest due tasks; only when head is full and all paused does a second probe read on,
 -- past the paused types' tasks (one lookup each), to the first that is not paused. NULL when
--- no due task of a type not paused waits.
+-- no due task of a type not paused waits. A client may schedule a task at -infinity: its
+-- wait counts from year 1, so the age stays a number (JSON has no Infinity) and still far
+-- past any max_pending_age. paused_types lists the paused types, in order.
 -- types: the task types the asking daemon runs, or NULL for every type. A due task of a type
 -- not in it is another daemon's to run: it waits for no fault of this one, so, like a paused
 -- one, it counts apart (foreign_due) and never in old_pending or the age (a liveness probe
--- on /healthz restarted healthy daemons for it). A client may schedule a task at -infinity: its
--- wait counts from year 1, so the age stays a number (JSON has no Infinity) and still far
--- past any max_pending_age. paused_types lists the paused types, in order.
+-- on /healthz restarted healthy daemons for it).
 WITH any_paused AS MATERIALIZED (
     -- "yes" when rows must be looked at one by one: a pause exists, or only some types count.
     SELECT EXISTS (SELECT FROM task_type_pauses) OR %(types)s::text[] IS NOT NULL AS yes
