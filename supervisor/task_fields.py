@@ -173,14 +173,20 @@ def check_int(field: str, value: Any, minimum: int, maximum: int) -> int:
 def _check_run_at(run_at: Any) -> datetime:
     if not isinstance(run_at, datetime):
         raise UsageError(f"run_at: must be a datetime, got {kind_of(run_at)}")
-    if run_at.tzinfo is None or run_at.utcoffset() is None:
-        raise UsageError(f"run_at: {run_at.isoformat()} has no time zone; give an aware "
+    return aware_utc("run_at", run_at)
+
+
+def aware_utc(field: str, moment: datetime) -> datetime:
+    """An aware datetime in UTC, or UsageError naming ``field``: a naive one has no place
+    on the database's clock."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise UsageError(f"{field}: {moment.isoformat()} has no time zone; give an aware "
                          f"datetime (like datetime.now(timezone.utc))")
     try:
         # A time that cannot be read back as a Python datetime could not be shown later.
-        return run_at.astimezone(timezone.utc)
+        return moment.astimezone(timezone.utc)
     except OverflowError:
-        raise UsageError(f"run_at: {run_at.isoformat()} is out of range") from None
+        raise UsageError(f"{field}: {moment.isoformat()} is out of range") from None
 
 
 def _check_delay(delay: Any) -> float:

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 from ..db import store
 from ..db.queue_figures import COUNT_CAP
 from ..errors import UsageError, quote
 from ..task_fields import (MAX_DELAY_SECONDS, MAX_ID_LENGTH, MAX_NAME_LENGTH,
-                           MAX_UNIQUE_KEY_LENGTH, check_int, check_text, kind_of)
+                           MAX_UNIQUE_KEY_LENGTH, aware_utc, check_int, check_text, kind_of)
 from .operate import STATUSES
 
 DEFAULT_BULK_BATCH = 1000
@@ -150,13 +150,7 @@ def _checked_time(field: str, value: Any) -> datetime | timedelta | None:
                              f"{MAX_DELAY_SECONDS} seconds, got {quote(value)}")
         return value
     if isinstance(value, datetime):
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise UsageError(f"{field}: {value.isoformat()} has no time zone; give an aware "
-                             f"datetime (like datetime.now(timezone.utc))")
-        try:
-            return value.astimezone(timezone.utc)
-        except OverflowError:
-            raise UsageError(f"{field}: {value.isoformat()} is out of range") from None
+        return aware_utc(field, value)
     raise UsageError(f"{field}: must be a datetime or a timedelta (that long before now), "
                      f"got {kind_of(value)}")
 
