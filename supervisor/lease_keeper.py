@@ -36,7 +36,7 @@ import psycopg
 from . import metrics
 from .config import RetryConfig
 from .db import store
-from .db.connect import LazyConnection
+from .db.connect import LazyConnection, worker_application_name
 from .db.deadline import within
 from .errors import OperationalError, one_line
 from .lease_timing import renew_retry_delay
@@ -48,6 +48,12 @@ GROUPING = 0.5
 # The longest a renewal or settling statement may wait for an answer.
 MAX_STATEMENT_SECONDS = 10.0
 SETTLE_MAX_BACKOFF = 30.0
+# How often to look again for a dead child's statements still running in the database.
+UNHEARD_RECHECK = 0.05
+
+
+class _StillRunning(Exception):
+    """A dead child's backend still runs a statement: its claims are not all visible yet."""
 
 
 class Holder(Protocol):
@@ -340,6 +346,12 @@ class LeaseKeeper(threading.Thread):
                 conn = self._db.get()
                 with within(conn, self._deadline(self.renew_interval)):
                     self._settle_one(conn, settlement)
+            except _StillRunning:
+                # Behind the others: they need not wait for it.
+                with self._wakeup:
+                    self._settlements.rotate(-1)
+                    self._settle_at = time.monotonic() + UNHEARD_RECHECK
+                return
             except (psycopg.Error, OperationalError) as exc:
                 self._db.close()
                 self._settle_failures += 1
@@ -383,6 +395,14 @@ class LeaseKeeper(threading.Thread):
         from .claim_board import FINISHED, STARTED
 
         unheard = settlement.unheard
+        # Its backend may still run the claim it was killed in, and commit it after we looked:
+        # wait for the backend, but not past half the lease (the reaper would charge them).
+        waited = time.monotonic() - unheard.died_at
+        if store.statements_still_running(conn, worker_application_name(unheard.worker_id)):
+            if waited < max(1.0, unheard.lease_seconds / 2):
+                raise _StillRunning
+            emit("unheard_claims_still_running", logging.WARNING, worker_id=unheard.worker_id,
+                 pool=unheard.pool, waited_seconds=round(waited, 1))
         rows = store.unheard_claims(conn, unheard.worker_id,
                                     died_seconds_ago=time.monotonic() - unheard.died_at,
                                     known_tokens=sorted(unheard.known_tokens))

@@ -57,6 +57,16 @@ def with_options(dsn: str, **options) -> str:
     return make_conninfo(dsn, **merged)
 
 
+def worker_application_name(worker_id: str) -> str:
+    """The application_name of a worker child's connections. A child killed while its claim
+    statement runs leaves the statement running in its backend, which may commit after the
+    supervisor looked for the child's claims; the supervisor finds such statements by this
+    name. Printable ASCII of at most 63 bytes, so that PostgreSQL keeps it as given and an
+    equality finds it."""
+    name = "pgtaskd " + worker_id
+    return "".join(c if " " <= c <= "~" else "?" for c in name)[:63]
+
+
 def connect(dsn: str, *, autocommit: bool = True, connect_timeout: float = 5.0,
             application_name: str = "pgtaskd", pooled: bool = False) -> psycopg.Connection:
     """A plain connection, or an OperationalError that names the server and the reason.

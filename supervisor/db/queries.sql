@@ -497,6 +497,17 @@ WHERE t.status = 'RUNNING'
   AND NOT t.lease_token = ANY(%(known_tokens)s::bigint[])
 LIMIT %(limit)s;
 
+-- name: statements_still_running
+-- A dead child's statements its backend still runs (it finds its client gone only when it
+-- answers): a claim among them may commit after the supervisor looked for the child's claims.
+-- Idle backends of a transaction pooler keep the last client's name, hence the state; a
+-- state hidden from this role reads as NULL and counts as not running.
+SELECT count(*) AS running
+FROM pg_stat_activity
+WHERE datname = current_database()
+  AND application_name = %(name)s
+  AND state <> 'idle';
+
 -- name: release_tasks
 -- Give claims back without spending a retry: a stopping daemon, or tasks of a batch that
 -- would wait too long behind a slow handler. Conditioned on each claim's token. Their slots

@@ -220,6 +220,11 @@ def _kept_given_back(conn, claims: Sequence[tuple[str, int]], row: dict | None) 
     return row
 
 
+def statements_still_running(conn, application_name: str) -> int:
+    """How many statements the connections named ``application_name`` are running."""
+    return int(_one(conn, "statements_still_running", {"name": application_name})["running"])
+
+
 def unheard_claims(conn, worker_id: str, *, died_seconds_ago: float,
                    known_tokens: Sequence[int], limit: int = 10_000) -> list[dict]:
     """{id, lease_token, task_type} of the RUNNING tasks ``worker_id`` claimed before it died

@@ -22,7 +22,7 @@ from .. import proctitle
 from ..channel import Link
 from ..claim_board import ClaimBoard
 from ..config import CONFIG_SNAPSHOT_ENV, DSN_ENV, load_config
-from ..db.connect import connect
+from ..db.connect import connect, worker_application_name
 from ..errors import EXIT_BOOT_FAILED, EXIT_OK, EXIT_USAGE, ConfigError, OperationalError
 from ..logs import TaskOutput, emit, setup_logging
 from .leases import SupervisedLeases
@@ -77,6 +77,7 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: Link,
     name = f"pgtaskd {pool_name}#{slot}"
     # A concurrent child's failures and cancellations are written by several threads at once.
     pool = open_pool(dsn, connect_timeout=config.database.connect_timeout, name=name,
+                     application_name=worker_application_name(worker_id),
                      pooled=config.database.transaction_pooler,
                      max_size=2 if pool_config.concurrency == 1 else 2 + SETTLING_THREADS)
     try:
