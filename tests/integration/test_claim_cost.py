@@ -373,7 +373,7 @@ def test_the_health_check_reads_no_more_with_a_large_pending_backlog(db_dsn, con
     from supervisor.maintenance.http import QueueCollector
 
     checker = HealthChecker(db_dsn, interval=5, max_pending_age=300, lease_grace=15,
-                            children=lambda: ChildrenStatus(1, 1))
+                            children=lambda: ChildrenStatus(1, 1), known_types={"echo", "idle"})
     try:
         add_due(conn, 50)
         measured = []
@@ -392,9 +392,15 @@ def test_the_health_check_reads_no_more_with_a_large_pending_backlog(db_dsn, con
         assert body["tasks_by_status"]["RUNNING"] == 0 and "tasks_by_status.RUNNING" \
             not in body["not_exact"]
         gauges = {family.name: family for family in QueueCollector(checker).collect()}
-        estimated = {sample.labels["status"]: sample.value
+        estimated = {(sample.labels["status"], sample.labels["task_type"]): sample.value
                      for sample in gauges["pgtaskd_tasks_estimated"].samples}
-        assert (estimated["PENDING"], estimated["RUNNING"]) == (1, 0)
+        assert (estimated["PENDING", "echo"], estimated["RUNNING", "echo"]) == (1, 0)
+        assert (estimated["PENDING", "idle"], estimated["PENDING", "_other"]) == (0, 0)
+        # 18.6: the estimated total goes to the one type that holds the backlog, by a sample.
+        by_type = report.by_type
+        assert by_type["echo"].not_exact == {"pending": "estimate"}
+        assert abs(by_type["echo"].pending - (4 * SKEW + 50)) < 0.2 * 4 * SKEW
+        assert (by_type["idle"].pending, by_type["_other"].pending) == (0, 0)
     finally:
         checker._close()
 
