@@ -109,7 +109,7 @@ def queue_by_type(conn, known_types, *, cap: int, live: "LiveCounts") -> dict[st
     capped = [label for label, f in figures.items() if "pending" in f.not_exact]
     if capped and live.not_exact.get("PENDING") == ESTIMATE:
         _split_estimate(conn, figures, capped, types, live)
-    return figures
+    return dict(sorted(figures.items(), key=lambda item: (item[0] == OTHER_TYPES, item[0])))
 
 
 def _merged(a: TypeFigures, b: TypeFigures) -> TypeFigures:
