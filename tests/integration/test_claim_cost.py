@@ -32,6 +32,9 @@ PER_ROW_MARGIN = 6
 # or more).
 GROWTH_MARGIN = 10
 PER_ROW_GROWTH = 4
+# TABLESAMPLE SYSTEM keeps each page by chance: the health check's sample reads about 15
+# pages of a table of these rows, give or take a few.
+SAMPLE_PAGES_MARGIN = 15
 
 
 def buffers(conn, name: str, params: dict) -> int:
@@ -384,7 +387,9 @@ def test_the_health_check_reads_no_more_with_a_large_pending_backlog(db_dsn, con
             measured.append(read)
         print(f"\nhealth check: {measured[0]} buffers with {SKEW:,} {backlog} tasks, "
               f"{measured[1]} with {4 * SKEW:,}")
-        assert measured[1] <= measured[0] + GROWTH_MARGIN, measured
+        # The per-type split samples pages at random (about 2,000 rows' worth whatever the
+        # table holds): how many it picks varies from one check to the next by a few.
+        assert measured[1] <= measured[0] + GROWTH_MARGIN + SAMPLE_PAGES_MARGIN, measured
         body = report.as_json()
         assert report.database_ok
         assert body["not_exact"]["tasks_by_status.PENDING"] == "estimate"
