@@ -73,18 +73,45 @@ _WORKER_COUNTERS = (TASKS_CLAIMED, TASKS_COMPLETED, TASKS_FAILED, TASKS_RETRIED,
 
 
 def start_worker_counters(pool: str, task_types) -> None:
-    """A worker child's: every (pool, task type) it may count."""
+    """A worker child's: every (pool, task type) it may count, its loop's errors and its
+    recycling reasons."""
     for task_type in task_types:
         for counter in _WORKER_COUNTERS:
             counter.labels(pool, task_type)
+    LOOP_ERRORS.labels(pool)
+    for reason in RECYCLE_REASONS:
+        WORKERS_RECYCLED.labels(pool, reason)
 
 
-def start_supervisor_counters(pools, task_types) -> None:
-    """The supervisor's own: reloads by outcome, restarts by pool, rescues and timeouts by
-    pool and type."""
+# The reasons a child recycles (worker/loop.py labels each by its setting), the statuses the
+# reaper and retention count, and the reasons the HTTP server drops a connection.
+RECYCLE_REASONS = ("max_tasks_per_child", "max_memory_mb")
+REAPED_STATUSES = ("PENDING", "FAILED")
+DELETED_STATUSES = ("COMPLETED", "FAILED", "CANCELLED")
+DROP_REASONS = ("timeout", "over_capacity", "evicted", "too_large", "bad_request")
+
+
+def start_supervisor_counters(pools, task_types, schedules=()) -> None:
+    """The supervisor's own: reloads by outcome; restarts by pool; rescues, timeouts and
+    cancel kills by pool and type; the reaper's reaps, failures and retries by type; what
+    schedules enqueue; what retention deletes; the HTTP server's drops. Called again after a
+    reload for its new pools, types and schedules."""
     for outcome in ("succeeded", "failed"):
         RELOADS.labels(outcome)
     for pool in pools:
         WORKER_RESTARTS.labels(pool)
         for task_type in task_types:
-            TASKS_RESCUED.labels(pool, task_type)
+            for counter in (TASKS_RESCUED, TASKS_TIMED_OUT, CANCEL_KILLS):
+                counter.labels(pool, task_type)
+    for task_type in task_types:
+        for status in REAPED_STATUSES:
+            LEASES_REAPED.labels(task_type, status)
+        # The reaper counts its failures and retries under the pool "reaper".
+        TASKS_FAILED.labels("reaper", task_type)
+        TASKS_RETRIED.labels("reaper", task_type)
+    for schedule in schedules:
+        TASKS_SCHEDULED.labels(schedule)
+    for status in DELETED_STATUSES:
+        TASKS_DELETED.labels(status)
+    for reason in DROP_REASONS:
+        HTTP_CONNECTIONS_DROPPED.labels(reason)

@@ -147,10 +147,8 @@ class Services:
         from ..maintenance.metrics_archive import MetricsArchive
         from ..maintenance.reaper import LeaseReaper
         from ..maintenance.registry import DaemonIdentity, DaemonRegistry
-        from .. import metrics
 
-        metrics.start_supervisor_counters([p.name for p in self.config.pools],
-                                          sorted(claimed_types(self.config)))
+        start_counters(self.config)
         from ..maintenance.retention import RetentionService
         from ..maintenance.rollup import MinuteRollup
         from ..maintenance.scheduler import Scheduler
@@ -170,6 +168,7 @@ class Services:
                                     lease_grace=max(3 * config.reaper.interval, 10.0),
                                     children=self.children_status,
                                     task_types=claimed_types(config),
+                                    known_types=known_types(config),
                                     connect_timeout=timeout, pooled=pooled,
                                     on_newer_schema=self.on_newer_schema)
         self.retention = RetentionService(dsn, policy=config.retention, connect_timeout=timeout,
@@ -226,6 +225,8 @@ class Services:
         self.keeper.renew_interval = config.lease.renew_interval
         self.keeper.retry = config.retry
         self.health.task_types = claimed_types(config)
+        self.health.known_types = known_types(config)
+        start_counters(config)
         self.retention.policy = config.retention
         self.retention.interval = config.retention.interval
         self.scheduler.apply(config.schedules, config.handled_types, config.max_payload_bytes)
@@ -245,6 +246,22 @@ def claimed_types(config: Config) -> frozenset[str]:
     """The task types this daemon's pools claim: the health check's pending age counts
     only theirs."""
     return frozenset(t for pool in config.pools for t in pool.task_types)
+
+
+def start_counters(config: Config) -> None:
+    from .. import metrics
+
+    metrics.start_supervisor_counters([p.name for p in config.pools],
+                                      sorted(claimed_types(config)),
+                                      [s.name for s in config.schedules])
+
+
+def known_types(config: Config) -> frozenset[str]:
+    """Every task type the daemon's configs name: those its pools claim or it has handlers
+    for, those with a global limit, those a schedule enqueues. The per-type gauges give each
+    its own series; the table's other types, which any client may write, share one."""
+    return (claimed_types(config) | config.handled_types | frozenset(config.limits)
+            | frozenset(s.task_type for s in config.schedules))
 
 
 def count_reaped(row: dict) -> None:

@@ -956,6 +956,155 @@ SELECT
        FROM task_type_pauses AS p) AS paused_types
 FROM summary CROSS JOIN oldest_age AS oldest CROSS JOIN leases;
 
+-- name: queue_by_type
+-- The queue gauges by task type, for the health check (every daemon, every few seconds), at
+-- a cost that neither the queue's length nor the number of types in it multiplies: a row
+-- may carry any type, so only the types a daemon's configs name (%(types)s) get their own
+-- figures, and every other type is folded into one (other), however many there are.
+-- pending: a known type's PENDING tasks, counted through tasks_pending_walk_idx up to
+--   %(cap)s + 1 (the caller says "at least" past it); in the index's order, or the plan
+--   scanned the table for a type with no row.
+-- other_pending: PENDING tasks of the other types, counted in the gaps of the index between
+--   the known types (one range scan per gap, each up to %(cap)s + 1), so never by reading the
+--   known types' rows; past %(cap)s, "at least". Ordered by type so that the plan walks the
+--   index: a range's rows are rare or none, and a scan of the table to find them read all.
+-- running: RUNNING tasks by type, the other types folded (NULL), from their partial index
+--   (they are bounded by the workers).
+-- oldest_due: when a type's oldest due PENDING task became due: each priority level's first
+--   staged row by time (at most %(max_levels)s levels, highest first, as console_overview),
+--   and the first due one of the rows not staged yet (a task whose time came may wait
+--   unstaged until a claim stages it: few, as claims stage them; asked for due ones only, or
+--   the plan read every future row of the other types), the oldest of those that are due. Paused types included: an alert
+--   excludes them by pgtaskd_task_type_paused.
+-- For the other types, the oldest is looked for in the first %(max_other)s of them by name
+--   (a loose scan of tasks_pending_walk_idx, one probe per type, that steps over the known
+--   ones); other_types_at_least: more types wait than that, so the other types' oldest is a
+--   lower bound of their age.
+WITH RECURSIVE
+known(task_type) AS MATERIALIZED (
+    SELECT DISTINCT k FROM unnest(%(types)s::text[]) AS k WHERE k IS NOT NULL
+),
+-- The ranges between consecutive known types, in the index's order; (NULL, NULL): every type.
+gaps AS MATERIALIZED (
+    SELECT lag(known.task_type) OVER (ORDER BY known.task_type) AS lo, known.task_type AS hi
+    FROM known
+    UNION ALL
+    SELECT max(known.task_type), NULL FROM known
+),
+pending_types(task_type, n) AS (
+    (SELECT t.task_type, 1 FROM tasks AS t
+      WHERE t.status = 'PENDING'
+      ORDER BY t.task_type LIMIT 1)
+  UNION ALL
+    SELECT (SELECT t.task_type FROM tasks AS t
+             WHERE t.status = 'PENDING' AND t.task_type > p.task_type
+             ORDER BY t.task_type LIMIT 1),
+           p.n + CASE WHEN p.task_type IN (SELECT known.task_type FROM known) THEN 0 ELSE 1 END
+    FROM pending_types AS p
+    WHERE p.task_type IS NOT NULL AND p.n <= %(max_other)s
+),
+other_types AS MATERIALIZED (
+    SELECT p.task_type FROM pending_types AS p
+    WHERE p.task_type IS NOT NULL AND p.task_type NOT IN (SELECT known.task_type FROM known)
+),
+oldest AS MATERIALIZED (
+    SELECT typed.task_type, typed.known, due.due_since
+    FROM (SELECT known.task_type, true AS known FROM known
+          UNION ALL
+          SELECT o.task_type, false FROM (SELECT * FROM other_types LIMIT %(max_other)s) AS o)
+         AS typed
+    CROSS JOIN LATERAL (
+        WITH RECURSIVE type_levels(priority, n) AS (
+            (SELECT t.priority, 1 FROM tasks AS t
+              WHERE t.status = 'PENDING' AND t.staged AND t.task_type = typed.task_type
+              ORDER BY t.priority DESC LIMIT 1)
+          UNION ALL
+            SELECT (SELECT t.priority FROM tasks AS t
+                     WHERE t.status = 'PENDING' AND t.staged AND t.task_type = typed.task_type
+                       AND t.priority < type_levels.priority
+                     ORDER BY t.priority DESC LIMIT 1), type_levels.n + 1
+            FROM type_levels
+            WHERE type_levels.priority IS NOT NULL AND type_levels.n < %(max_levels)s
+        )
+        SELECT min(firsts.scheduled_time) FILTER (WHERE firsts.scheduled_time <= now())
+                   AS due_since
+        FROM (SELECT first_row.scheduled_time
+                FROM type_levels
+                CROSS JOIN LATERAL (
+                    SELECT t.scheduled_time FROM tasks AS t
+                    WHERE t.status = 'PENDING' AND t.staged AND t.task_type = typed.task_type
+                      AND t.priority = type_levels.priority
+                    ORDER BY t.scheduled_time LIMIT 1) AS first_row
+               WHERE type_levels.priority IS NOT NULL
+              UNION ALL
+              (SELECT t.scheduled_time FROM tasks AS t
+                WHERE t.status = 'PENDING' AND NOT t.staged AND t.task_type = typed.task_type
+                  AND t.scheduled_time <= now()
+                ORDER BY t.scheduled_time LIMIT 1)) AS firsts
+    ) AS due
+),
+running AS MATERIALIZED (
+    SELECT t.task_type, count(*) AS running FROM tasks AS t
+    WHERE t.status = 'RUNNING'
+    GROUP BY t.task_type
+)
+SELECT known.task_type,
+       (SELECT count(*) FROM (SELECT 1 FROM tasks AS t
+                               WHERE t.status = 'PENDING' AND t.task_type = known.task_type
+                               ORDER BY t.created_at
+                               LIMIT %(cap)s + 1) AS capped) AS pending,
+       coalesce((SELECT r.running FROM running AS r WHERE r.task_type = known.task_type), 0)
+           AS running,
+       -- greatest() passes over a NULL: only a due time is made an age.
+       (SELECT extract(epoch FROM now() - greatest(o.due_since, '0001-01-01 00:00Z'))::float8
+          FROM oldest AS o WHERE o.known AND o.task_type = known.task_type
+           AND o.due_since IS NOT NULL) AS oldest_due_age,
+       false AS other_types_at_least
+FROM known
+UNION ALL
+SELECT NULL,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM gaps
+            CROSS JOIN LATERAL (
+                (SELECT 1 FROM tasks AS t
+                  WHERE gaps.lo IS NOT NULL AND gaps.hi IS NOT NULL AND t.status = 'PENDING'
+                    AND t.task_type > gaps.lo AND t.task_type < gaps.hi
+                  ORDER BY t.task_type
+                  LIMIT %(cap)s + 1)
+                UNION ALL
+                (SELECT 1 FROM tasks AS t
+                  WHERE gaps.lo IS NULL AND gaps.hi IS NOT NULL AND t.status = 'PENDING'
+                    AND t.task_type < gaps.hi
+                  ORDER BY t.task_type
+                  LIMIT %(cap)s + 1)
+                UNION ALL
+                (SELECT 1 FROM tasks AS t
+                  WHERE gaps.lo IS NOT NULL AND gaps.hi IS NULL AND t.status = 'PENDING'
+                    AND t.task_type > gaps.lo
+                  ORDER BY t.task_type
+                  LIMIT %(cap)s + 1)
+                UNION ALL
+                (SELECT 1 FROM tasks AS t
+                  WHERE gaps.lo IS NULL AND gaps.hi IS NULL AND t.status = 'PENDING'
+                  LIMIT %(cap)s + 1)) AS in_gap
+            LIMIT %(cap)s + 1) AS capped),
+       (SELECT coalesce(sum(r.running), 0)::bigint FROM running AS r
+         WHERE r.task_type NOT IN (SELECT known.task_type FROM known)),
+       (SELECT extract(epoch FROM now() - greatest(min(o.due_since), '0001-01-01 00:00Z'))::float8
+          FROM oldest AS o WHERE NOT o.known HAVING min(o.due_since) IS NOT NULL),
+       (SELECT count(*) FROM other_types) > %(max_other)s;
+
+-- name: sample_pending_by_type
+-- The health check's per-type PENDING figures past the count cap: about %(percent)s per cent
+-- of the table's pages, picked at random (a fixed number of rows, whatever the table holds),
+-- PENDING rows by type, the types not in %(types)s folded into one (NULL); the caller splits
+-- the estimated PENDING total by these shares.
+SELECT CASE WHEN t.task_type = ANY(%(types)s::text[]) THEN t.task_type END AS task_type,
+       count(*) AS count
+FROM tasks AS t TABLESAMPLE SYSTEM (%(percent)s)
+WHERE t.status = 'PENDING'
+GROUP BY 1;
+
 -- name: count_by_status
 -- Exact, and it reads every row: for tools and tests. The daemon's health check uses
 -- live_counts instead.

@@ -30,6 +30,17 @@ HEALTH_COUNT_CAP = 1_000
 EXACT_COUNT_BELOW = 200_000
 # About how many rows stats samples on a larger table, to split each status's total by type.
 SAMPLE_ROWS = 10_000
+# The health check's sample, to split an estimated PENDING total among the types whose count
+# stopped at the cap: smaller, as it may run every few seconds (2,000 rows took 2-3 ms).
+HEALTH_SAMPLE_ROWS = 2_000
+# The label of every task type no config of the daemon names, summed: a row may carry any
+# type, and one series per type would let the table set the metrics' cardinality.
+OTHER_TYPES = "_other"
+# The other types whose oldest due task the health check looks for (one probe each): past
+# them, the other types' age is a lower bound.
+MAX_OTHER_TYPES = 20
+# Priority levels read per type for its oldest due task (as the console's overview).
+MAX_LEVELS = 50
 
 
 def _rows(conn, name: str, params: dict[str, Any]) -> list[dict]:
@@ -63,6 +74,63 @@ def queue_health(conn, *, max_pending_age: float = 0.0, lease_grace: float = 0.0
         not_exact.update(dict.fromkeys(("expired_leases", "stuck_leases"), AT_LEAST))
     row["not_exact"] = not_exact
     return row
+
+
+class TypeFigures(NamedTuple):
+    pending: int
+    running: int
+    # Seconds since the oldest due PENDING task became due; None: none is due.
+    oldest_due_age: float | None
+    # "pending" or "oldest_due_age" -> ESTIMATE or AT_LEAST, for the figures not exact.
+    not_exact: dict[str, str]
+
+
+def queue_by_type(conn, known_types, *, cap: int, live: "LiveCounts") -> dict[str, TypeFigures]:
+    """PENDING and RUNNING tasks and the oldest due age of each of ``known_types``, and of every
+    other type summed under OTHER_TYPES. A PENDING count stops past cap; when the PENDING total
+    (``live``, from live_counts) is the statistics' estimate, the stopped counts become that
+    total split by a small sample's shares (ESTIMATE), else they stay lower bounds
+    (AT_LEAST)."""
+    types = sorted(set(known_types))
+    rows = _rows(conn, "queue_by_type", {"types": types, "cap": cap,
+                                          "max_levels": MAX_LEVELS,
+                                          "max_other": MAX_OTHER_TYPES})
+    figures: dict[str, TypeFigures] = {}
+    for row in rows:
+        label = OTHER_TYPES if row["task_type"] is None else row["task_type"]
+        not_exact = {}
+        if row["pending"] > cap:
+            not_exact["pending"] = AT_LEAST
+        if row["other_types_at_least"]:
+            not_exact["oldest_due_age"] = AT_LEAST
+        figure = TypeFigures(row["pending"], row["running"], row["oldest_due_age"], not_exact)
+        # A config may name a type "_other" itself: it shares the series.
+        figures[label] = _merged(figures[label], figure) if label in figures else figure
+    capped = [label for label, f in figures.items() if "pending" in f.not_exact]
+    if capped and live.not_exact.get("PENDING") == ESTIMATE:
+        _split_estimate(conn, figures, capped, types, live)
+    return dict(sorted(figures.items(), key=lambda item: (item[0] == OTHER_TYPES, item[0])))
+
+
+def _merged(a: TypeFigures, b: TypeFigures) -> TypeFigures:
+    ages = [age for age in (a.oldest_due_age, b.oldest_due_age) if age is not None]
+    return TypeFigures(a.pending + b.pending, a.running + b.running,
+                       max(ages) if ages else None, {**a.not_exact, **b.not_exact})
+
+
+def _split_estimate(conn, figures, capped, types, live: "LiveCounts") -> None:
+    percent = min(100.0, 100.0 * HEALTH_SAMPLE_ROWS / max(live.table_rows or 1.0, 1.0))
+    sampled = {OTHER_TYPES if row["task_type"] is None else row["task_type"]: row["count"]
+               for row in _rows(conn, "sample_pending_by_type",
+                                {"percent": percent, "types": types})}
+    in_sample = sum(sampled.values())
+    for label in capped:
+        if not sampled.get(label):
+            continue  # too few to be seen: the count's lower bound says more
+        figure = figures[label]
+        share = round(live.counts["PENDING"] * sampled[label] / in_sample)
+        figures[label] = figure._replace(pending=max(figure.pending, share),
+                                         not_exact={**figure.not_exact, "pending": ESTIMATE})
 
 
 class LiveCounts(NamedTuple):

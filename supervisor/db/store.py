@@ -21,7 +21,7 @@ from ..config import FINISHED_STATUSES, MAX_LIMIT, MAX_SECONDS, RetryConfig
 from .loaders import TimeLoader, TimeOrNone, TimeOrText, cursor
 from .queries import QUERIES
 # The queue's figures for the health check and stats (re-exported: callers use store.*).
-from .queue_figures import live_counts, queue_health  # noqa: F401
+from .queue_figures import live_counts, queue_by_type, queue_health  # noqa: F401
 
 
 @dataclass(frozen=True)

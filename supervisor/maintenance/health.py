@@ -22,7 +22,7 @@ from typing import Callable
 from ..config import FINISHED_STATUSES
 from ..db import store
 from ..db.migrate import newer_schema
-from ..db.queue_figures import AT_LEAST, HEALTH_COUNT_CAP
+from ..db.queue_figures import AT_LEAST, HEALTH_COUNT_CAP, TypeFigures
 from ..errors import one_line
 from .service import PeriodicService
 
@@ -58,6 +58,9 @@ class HealthReport:
     # Global concurrency limits: task type -> (max_running, running under a live lease).
     limits: dict[str, tuple[int, int]] = field(default_factory=dict)
     tasks_by_status: dict[str, int] = field(default_factory=dict)
+    # PENDING, RUNNING and the oldest due age of each type the daemon's configs name, and of
+    # the others summed (queue_figures.OTHER_TYPES): the per-type gauges.
+    by_type: dict[str, TypeFigures] = field(default_factory=dict)
     # True when the finished statuses' counts are the statistics' estimates (a large table).
     finished_estimated: bool = False
     # The figures of as_json() that are not exact, by their path there: "estimate", or
@@ -120,6 +123,7 @@ class HealthChecker(PeriodicService):
 
     def __init__(self, dsn: str, *, interval: float, max_pending_age: float, lease_grace: float,
                  children: Callable[[], ChildrenStatus], task_types=None,
+                 known_types=frozenset(),
                  connect_timeout: float = 5.0,
                  pooled: bool = False,
                  on_newer_schema: Callable[[str], None] = lambda reason: None):
@@ -131,6 +135,9 @@ class HealthChecker(PeriodicService):
         # The types this daemon runs (None: every type): another daemon's due tasks are not
         # this one's backlog. Replaced whole on a reload.
         self.task_types = task_types
+        # The types the daemon's configs name (pools, handlers, limits, schedules): each gets
+        # its own per-type figures, every other type shares one. Replaced whole on a reload.
+        self.known_types = frozenset(known_types)
         self._lock = threading.Lock()
         self._latest = HealthReport(database_ok=False, database_error="not checked yet")
 
@@ -152,6 +159,7 @@ class HealthChecker(PeriodicService):
                                    lease_grace=self.lease_grace, cap=HEALTH_COUNT_CAP,
                                    task_types=self.task_types)
         live = store.live_counts(conn, cap=HEALTH_COUNT_CAP)
+        by_type = store.queue_by_type(conn, self.known_types, cap=HEALTH_COUNT_CAP, live=live)
         limits = {row["task_type"]: (row["max_running"], row["running"])
                   for row in store.list_limits(conn)}
         not_exact = {f"tasks_by_status.{status}": kind for status, kind in live.not_exact.items()}
@@ -164,7 +172,7 @@ class HealthChecker(PeriodicService):
             paused_due=queue["paused_due"], foreign_due=queue["foreign_due"],
             paused_types=tuple(queue["paused_types"]),
             finished_estimated=any(s in live.not_exact for s in FINISHED_STATUSES),
-            not_exact=not_exact, limits=limits, children=self.children(),
+            not_exact=not_exact, limits=limits, by_type=by_type, children=self.children(),
         )
         with self._lock:
             self._latest = report
@@ -176,6 +184,7 @@ class HealthChecker(PeriodicService):
             self._latest = HealthReport(
                 database_ok=False, database_error=one_line(exc),
                 tasks_by_status=previous.tasks_by_status, paused_types=previous.paused_types,
+                by_type=previous.by_type,
                 not_exact={path: kind for path, kind in previous.not_exact.items()
                            if path.startswith("tasks_by_status.")},
                 limits=previous.limits,

@@ -16,13 +16,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 
 from .. import __version__
+from ..config import FINISHED_STATUSES
+from ..db.queue_figures import OTHER_TYPES, TypeFigures
 from ..logs import emit
 from .health import HealthChecker
 from .http_server import BoundedHTTPServer, Response, Route
 from .metrics_archive import ArchiveCollector, MetricsArchive
-
-STATUSES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED")
-
 
 class QueueCollector:
     """Gauges about the queue and the daemon, from the latest health report."""
@@ -32,25 +31,38 @@ class QueueCollector:
 
     def collect(self):
         report = self.health.latest()
-        tasks = GaugeMetricFamily("pgtaskd_tasks", "Tasks in the table, by status (where "
-                                  "pgtaskd_tasks_estimated is 1, an estimate)", labels=["status"])
-        for status in STATUSES:
-            tasks.add_metric([status], report.tasks_by_status.get(status, 0))
-        yield tasks
-        # Past a thousand PENDING, or on a large table for the finished statuses, the health
-        # check estimates (health.py): an alert on these counts needs to know which they are.
+        by_type = report.by_type or {t: TypeFigures(0, 0, None, {})
+                                     for t in (*sorted(self.health.known_types), OTHER_TYPES)}
+        # PENDING and RUNNING by type (the types the configs name, the rest under _other);
+        # the finished statuses, estimated on a large table and deleted by retention, have
+        # no type: their task_type is empty, which Prometheus reads as no label at all.
+        tasks = GaugeMetricFamily("pgtaskd_tasks", "Tasks in the table, by status and task "
+                                  "type (where pgtaskd_tasks_estimated is 1, an estimate or a "
+                                  "lower bound)", labels=["status", "task_type"])
         estimated = GaugeMetricFamily("pgtaskd_tasks_estimated",
-                                      "1 where pgtaskd_tasks{status} is an estimate or a lower "
-                                      "bound, 0 where it is exact", labels=["status"])
-        for status in STATUSES:
-            estimated.add_metric([status],
+                                      "1 where pgtaskd_tasks{status,task_type} is an estimate "
+                                      "or a lower bound, 0 where it is exact",
+                                      labels=["status", "task_type"])
+        for task_type, figures in by_type.items():
+            for status, count in (("PENDING", figures.pending), ("RUNNING", figures.running)):
+                tasks.add_metric([status, task_type], count)
+            estimated.add_metric(["PENDING", task_type], 1 if "pending" in figures.not_exact
+                                 else 0)
+            estimated.add_metric(["RUNNING", task_type], 0)
+        for status in FINISHED_STATUSES:
+            tasks.add_metric([status, ""], report.tasks_by_status.get(status, 0))
+            estimated.add_metric([status, ""],
                                  1 if f"tasks_by_status.{status}" in report.not_exact else 0)
+        yield tasks
         yield estimated
         yield GaugeMetricFamily("pgtaskd_expired_leases", "RUNNING tasks whose lease expired "
                                 "(counted up to 1,001)", value=report.expired_leases)
-        yield GaugeMetricFamily("pgtaskd_oldest_pending_age_seconds",
-                                "How long the oldest due PENDING task of a type not paused "
-                                "has waited", value=report.oldest_pending_age)
+        age = GaugeMetricFamily("pgtaskd_oldest_pending_age_seconds",
+                                "How long the oldest due PENDING task of a type has waited (0: "
+                                "none is due), paused types included", labels=["task_type"])
+        for task_type, figures in by_type.items():
+            age.add_metric([task_type], figures.oldest_due_age or 0.0)
+        yield age
         # One sample per paused type, value 1; a type that is not paused has none.
         paused = GaugeMetricFamily("pgtaskd_task_type_paused",
                                    "1 for each task type paused fleet-wide (pgtaskd pause)",
@@ -73,6 +85,13 @@ class QueueCollector:
                                 value=report.children.live)
         yield GaugeMetricFamily("pgtaskd_expected_children", "Worker children configured",
                                 value=report.children.expected)
+        # One sample per pool whose restart fuse blew, value 1, until a reload re-arms it.
+        fused = GaugeMetricFamily("pgtaskd_pool_fused", "1 for each pool whose children "
+                                  "crashed in a loop and are not restarted until a reload",
+                                  labels=["pool"])
+        for pool in report.children.fused_pools:
+            fused.add_metric([pool], 1)
+        yield fused
         yield GaugeMetricFamily("pgtaskd_database_up", "1 if the last health check reached PostgreSQL",
                                 value=1 if report.database_ok else 0)
         build = GaugeMetricFamily("pgtaskd_build_info", "1, labelled with the running version",

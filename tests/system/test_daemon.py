@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import add_task, billion_laughs, task_row, wait_until
-from daemon import HANDLER_TYPES, parse_ts, pid_alive
+from daemon import HANDLER_TYPES, metric_sum, parse_ts, pid_alive
 from daemon_checks import (assert_quiet, count_status, live_by_pool, runs,
                            statuses, wait_healthz, wait_running_title, wait_status)
 from pgcluster import free_port
@@ -107,6 +107,9 @@ def test_broken_handler_import_trips_the_fuse_instead_of_looping(start_daemon, c
     assert live_by_pool(d) == {"good": 1}
     body = wait_healthz(d, 503, 5)
     assert "bad" in body["failing"]["pools"], body
+    # 18.7: the alert PgtaskdPoolFused reads this.
+    assert metric_sum(d.metrics(), "pgtaskd_pool_fused", pool="bad") == 1
+    assert metric_sum(d.metrics(), "pgtaskd_pool_fused", pool="good") == 0
 
     # A reload with a fixed config is what re-arms the pool.
     d.tree["handlers"]["types"]["broken"] = "basic:echo"
@@ -117,6 +120,7 @@ def test_broken_handler_import_trips_the_fuse_instead_of_looping(start_daemon, c
     wait_until(lambda: live_by_pool(d) == {"good": 1, "bad": 1}, 15,
                message="the bad pool to run again after the fixed reload")
     wait_healthz(d, 200, 10)
+    assert "pgtaskd_pool_fused" not in d.metrics(), "re-armed: no pool is fused"
     add_task(conn, "b1", "broken")
     wait_status(conn, ["b1"], "COMPLETED", daemons=[d])
 

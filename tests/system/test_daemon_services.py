@@ -76,8 +76,14 @@ def test_metrics_counters_equal_the_database_children_that_exited_included(start
     assert metric_sum(samples, "pgtaskd_tasks_failed_total", task_type="permanent") == 2
     assert metric_sum(samples, "pgtaskd_tasks_failed_total", task_type="suicide") == 1
     assert metric_sum(samples, "pgtaskd_live_children") == 2
-    assert len(samples.get("pgtaskd_tasks_estimated", [])) == 5
+    estimated = samples.get("pgtaskd_tasks_estimated", [])
+    assert {labels["status"] for labels, _ in estimated} == set(by_status) | {"PENDING", "RUNNING",
+                                                                             "CANCELLED"}
     assert metric_sum(samples, "pgtaskd_tasks_estimated") == 0, "a small table is counted"
+    # 18.6: by type, the handled ones each, every other under _other.
+    assert metric_sum(samples, "pgtaskd_tasks", status="COMPLETED", task_type="") == 12
+    assert {labels["task_type"] for labels, _ in samples["pgtaskd_oldest_pending_age_seconds"]} \
+        >= {"echo", "fail", "suicide", "_other"}
 
 
 def test_healthz_is_503_while_the_database_is_down_and_200_when_it_is_back(own_postgres,
