@@ -111,12 +111,13 @@ class BenchDaemon:
                                    f"see {self.log_path}")
 
     def wait_booted(self, conn) -> None:
-        """Every worker holds a connection named ``pgtaskd bench#N`` once it booted."""
+        """Every worker holds a connection named ``pgtaskd HOST:PID:bench#N`` once it booted
+        (db.connect.worker_application_name)."""
         deadline = time.monotonic() + BOOT_PATIENCE
         while time.monotonic() < deadline:
             booted = conn.execute(
                 "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
-                "WHERE application_name LIKE 'pgtaskd bench#%%' AND datname = current_database()"
+                "WHERE application_name LIKE 'pgtaskd %%:bench#%%' AND datname = current_database()"
             ).fetchone()[0]
             if booted >= self.options.processes:
                 # Let the children settle into their idle wait.
