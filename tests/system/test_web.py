@@ -270,11 +270,20 @@ def test_without_a_login_or_actions_there_is_no_bulk_form_and_its_post_is_a_403(
                 (showing, showing.log_in(), "actions are off")):
             _, _, page = web.request("GET", "/tasks?status=FAILED", headers={"Cookie": cookie})
             assert ">a1<" in page and "bulk" not in page
-            status, _, page = web.request(
-                "POST", "/actions/bulk-retry",
-                body={"csrf": token, "status": "FAILED", "confirm": "yes"},
-                headers={"Cookie": cookie})
-            assert status == 403 and refusal in page
+            for action in ("bulk-retry", "bulk-purge"):
+                status, _, page = web.request(
+                    "POST", f"/actions/{action}",
+                    body={"csrf": token, "status": "FAILED", "confirm": "yes"},
+                    headers={"Cookie": cookie})
+                assert status == 403 and refusal in page
     finally:
         showing.stop()
+    # Logged in with actions on, but without the session's token.
+    cookie, token = console.log_in()
+    for csrf in ({}, {"csrf": "forged"}):
+        status, _, page = console.request(
+            "POST", "/actions/bulk-purge", body={**csrf, "status": "FAILED", "confirm": "yes"},
+            headers={"Cookie": cookie})
+        assert status == 403 and "token" in page
     assert statuses(conn) == before
+

@@ -1,0 +1,152 @@
+"""The console's actions beyond a task's retry, through real HTTP to a real ``pgtaskd web``:
+purge by filter, pause and resume, set and remove a limit, cancel a task; each changes the
+database as the client's own function does and is logged with its user. One database and one
+acting console for the module (starting a console costs seconds); each test uses task types
+and ids of its own.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from conftest import scratch_database
+from supervisor import Client
+from web_console import WebConsole, password_hash
+
+
+@pytest.fixture(scope="module")
+def dsn(pg_admin_dsn, template_db):
+    with scratch_database(pg_admin_dsn, "pgtaskd_wo", template_db) as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="module")
+def db(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture(scope="module")
+def console(dsn, tmp_path_factory):
+    web = WebConsole(tmp_path_factory.mktemp("web-operate"), dsn, web={
+        "actions": True, "auth": {"users": {"ops": password_hash()}}})
+    try:
+        yield web.start()
+    finally:
+        web.stop()
+
+
+class Acting:
+    """A logged-in user's POSTs, and the action lines logged since this was made."""
+
+    def __init__(self, console: WebConsole):
+        self.console = console
+        self.cookie, self.token = console.log_in()
+        self.mark = len(console.log())
+
+    def post(self, action: str, **form) -> tuple[int, dict, str]:
+        return self.console.request("POST", f"/actions/{action}",
+                                    body={"csrf": self.token, **form},
+                                    headers={"Cookie": self.cookie})
+
+    def get(self, path: str) -> str:
+        status, _, page = self.console.request("GET", path, headers={"Cookie": self.cookie})
+        assert status == 200, page
+        return page
+
+    def logged(self) -> list[dict]:
+        return [e for e in self.console.log()[self.mark:] if e["event"] == "web_action"]
+
+
+def statuses(db, prefix: str) -> dict[str, str]:
+    return dict(db.execute("SELECT id, status FROM tasks WHERE id LIKE %s",
+                           (prefix + "%",)).fetchall())
+
+
+def test_bulk_purge_counts_first_then_deletes_exactly_the_filtered_finished_tasks(console,
+                                                                                  db):
+    db.execute("""
+        INSERT INTO tasks (id, name, task_type, status, finished_at, error_message)
+        VALUES ('pg-a1', 'n', 'pg_a', 'FAILED', now(), 'TimeoutError: read timed out'),
+               ('pg-a2', 'n', 'pg_a', 'FAILED', now(), 'timeout after 30 s'),
+               ('pg-a3', 'n', 'pg_a', 'FAILED', now(), 'ValueError: bad row'),
+               ('pg-a4', 'n', 'pg_a', 'CANCELLED', now(), 'timeout'),
+               ('pg-a5', 'n', 'pg_a', 'COMPLETED', now(), NULL),
+               ('pg-b1', 'n', 'pg_b', 'FAILED', now(), 'timeout')""")
+    db.execute("INSERT INTO tasks (id, name, task_type) VALUES ('pg-p1', 'n', 'pg_a')")
+    db.execute("INSERT INTO tasks (id, name, task_type, status, started_at, claimed_by, "
+               "lease_until, lease_token) VALUES ('pg-r1', 'n', 'pg_a', 'RUNNING', now(), "
+               "'w', now() + interval '1 hour', 1)")
+    before = statuses(db, "pg-")
+    acting = Acting(console)
+    # Offered on the lists of finished tasks only.
+    for status, offered in (("FAILED", True), ("CANCELLED", True), ("COMPLETED", True),
+                            ("PENDING", False), ("RUNNING", False)):
+        page = acting.get(f"/tasks?status={status}&type=pg_a")
+        assert ('action="/actions/bulk-purge" id="bulk-purge"' in page) is offered, status
+    filters = {"status": "FAILED", "type": "pg_a", "error": "TIMEOUT"}
+    status, _, page = acting.post("bulk-purge", **filters)
+    assert status == 200 and "<strong>2</strong> tasks would be deleted" in page, page
+    assert '<input type="hidden" name="confirm" value="yes">' in page
+    assert statuses(db, "pg-") == before
+    status, _, page = acting.post("bulk-purge", **filters, confirm="yes")
+    assert status == 200 and "Deleted: 2." in page, page
+    left = {k: v for k, v in before.items() if k not in ("pg-a1", "pg-a2")}
+    assert statuses(db, "pg-") == left
+    # A filter naming a live status is refused with its reason, and deletes nothing.
+    for live in ("PENDING", "RUNNING"):
+        status, _, page = acting.post("bulk-purge", status=live, type="pg_a", confirm="yes")
+        assert status == 400, page
+        assert (f"statuses: purge takes COMPLETED, FAILED or CANCELLED tasks, not {live}"
+                in page)
+    assert statuses(db, "pg-") == left
+    assert [(e["action"], e["user"], e["outcome"], e["filter"], e.get("changed"))
+            for e in acting.logged()] == [
+        ("bulk-purge", "ops", "done", filters, 2),
+        ("bulk-purge", "ops", "refused", {"status": "PENDING", "type": "pg_a"}, None),
+        ("bulk-purge", "ops", "refused", {"status": "RUNNING", "type": "pg_a"}, None)]
+
+
+def test_pause_resume_limits_and_cancel_change_the_database_as_the_client_does(console, db,
+                                                                               dsn):
+    db.execute("INSERT INTO tasks (id, name, task_type) VALUES ('op-1', 'n', 'op_a')")
+    acting = Acting(console)
+    with Client(dsn) as client:
+        status, headers, _ = acting.post("pause", task_type="op_a")
+        assert (status, headers["location"]) == (303, "/pauses?notice=paused")
+        assert db.execute("SELECT paused_by FROM task_type_pauses WHERE task_type = 'op_a'"
+                          ).fetchone() == ("ops (web)",)
+        assert [(p["task_type"], p["paused_by"], p["due_pending"])
+                for p in client.paused()] == [("op_a", "ops (web)", 1)]
+        # Paused already: the client keeps the first pause, and so does the console.
+        assert acting.post("pause", task_type="op_a")[0] == 303
+        status, _, _ = acting.post("resume", task_type="op_a")
+        assert status == 303 and client.paused() == []
+
+        status, headers, _ = acting.post("set-limit", task_type="op_a", max_running="3")
+        assert (status, headers["location"]) == (303, "/limits?notice=limit-set")
+        assert [(l["task_type"], l["max_running"], l["updated_by"], l["running"])
+                for l in client.limits()] == [("op_a", 3, "ops (web)", 0)]
+        assert db.execute("SELECT count(*) FROM task_type_slots WHERE task_type = 'op_a'"
+                          ).fetchone() == (3,)
+        for bad in ("three", "-1", "0"):
+            status, _, page = acting.post("set-limit", task_type="op_a", max_running=bad)
+            assert status == 400 and "max_running: " in page, (bad, page)
+        assert [l["max_running"] for l in client.limits()] == [3]
+        status, _, _ = acting.post("remove-limit", task_type="op_a")
+        assert status == 303 and client.limits() == []
+
+        status, headers, _ = acting.post("cancel", task_id="op-1")
+        assert (status, headers["location"]) == (303, "/tasks/op-1?notice=cancelled")
+        assert client.get("op-1")["status"] == "CANCELLED"
+        # Cancelling it again: the client's refusal, with its words.
+        status, _, page = acting.post("cancel", task_id="op-1")
+        assert status == 409 and "CANCELLED" in page
+    assert [(e["action"], e["user"], e["outcome"], e.get("task_type", e.get("task_id")))
+            for e in acting.logged()] == [
+        ("pause", "ops", "done", "op_a"), ("pause", "ops", "done", "op_a"),
+        ("resume", "ops", "done", "op_a"), ("set-limit", "ops", "done", "op_a"),
+        ("set-limit", "ops", "refused", "op_a"), ("set-limit", "ops", "refused", "op_a"),
+        ("set-limit", "ops", "refused", "op_a"), ("remove-limit", "ops", "done", "op_a"),
+        ("cancel", "ops", "done", "op-1"), ("cancel", "ops", "refused", "op-1")]
