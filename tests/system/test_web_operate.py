@@ -1,18 +1,25 @@
-"""The console's actions beyond a task's retry, through real HTTP to a real ``pgtaskd web``:
-purge by filter, pause and resume, set and remove a limit, cancel a task; each changes the
-database as the client's own function does and is logged with its user. One database and one
-acting console for the module (starting a console costs seconds); each test uses task types
+"""The console's actions beyond a task's retry, and its Schedules, Limits and Pauses pages,
+through real HTTP to a real ``pgtaskd web``: purge by filter, pause and resume, set and remove
+a limit, cancel a task, each changing the database as the client's own function does and
+logged with its user; each page showing what the database holds. The actions share one
+database and one acting console (starting a console costs seconds), each test with task types
 and ids of its own.
 """
 
 from __future__ import annotations
+
+import re
+from datetime import datetime
 
 import psycopg
 import pytest
 
 from conftest import scratch_database
 from supervisor import Client
+from conftest import wait_until
 from web_console import WebConsole, password_hash
+
+pytest_plugins = ["daemon"]
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +157,74 @@ def test_pause_resume_limits_and_cancel_change_the_database_as_the_client_does(c
         ("set-limit", "ops", "refused", "op_a"), ("set-limit", "ops", "refused", "op_a"),
         ("set-limit", "ops", "refused", "op_a"), ("remove-limit", "ops", "done", "op_a"),
         ("cancel", "ops", "done", "op-1"), ("cancel", "ops", "refused", "op-1")]
+
+
+SCHEDULES = {"yearly": {"cron": "0 0 1 1 *", "task_type": "echo"},
+             "beat": {"cron": "*/2 * * * * *", "task_type": "echo"}}
+
+
+def row_of(page: str, opening: str) -> list[str]:
+    """The cells' texts of the table row that starts with ``opening``."""
+    row = page[page.index(opening):]
+    row = row[:row.index("</tr>")]
+    return [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(
+        r"<td[^>]*>(.*?)</td>", row, re.DOTALL)]
+
+
+def test_the_schedules_limits_and_pauses_pages_show_the_databases_state(start_daemon, conn,
+                                                                        tmp_path, db_dsn):
+    web = WebConsole(tmp_path / "web-pages", db_dsn, schedules=SCHEDULES)
+    web.start()
+    try:
+        def page(path: str) -> str:
+            status, _, text = web.request("GET", path)
+            assert status == 200, (path, text)
+            return text
+
+        # An empty database: every page answers, and says there is nothing.
+        for path in ("/", "/tasks", "/tasks?status=COMPLETED", "/daemons"):
+            page(path)
+        assert "No limits." in page("/limits")
+        assert "Nothing is paused." in page("/pauses")
+        year = conn.execute("SELECT extract(year FROM now() AT TIME ZONE 'UTC')::int"
+                            ).fetchone()[0]
+        yearly = row_of(page("/schedules"), '<tr id="schedule-yearly">')
+        assert yearly == ["yearly", "0 0 1 1 *", "UTC", "echo", f"{year + 1}-01-01 00:00:00",
+                          "-", "-"]
+
+        with Client(db_dsn) as client:
+            client.set_limit("sleep", 2, set_by="test")
+            client.pause("fail", paused_by="test")
+            client.submit_many([{"task_type": "sleep", "task_id": f"s{i}",
+                                 "payload": {"seconds": 30}} for i in range(3)]
+                               + [{"task_type": "fail", "task_id": "f1"}])
+            start_daemon(pools={"default": {"processes": 3}}, schedules=SCHEDULES)
+
+            # The limit with its slots in use: two of the three sleeps run, the third waits.
+            def limit_full():
+                cells = row_of(page("/limits"), "<tr><td>sleep</td>")
+                return cells if cells[2] == "2" else None
+            cells = wait_until(limit_full, timeout=15, message="two sleeps in the limit's slots")
+            assert cells[:3] == ["sleep", "2", "2"] and cells[4] == "test"
+            assert [(l["max_running"], l["running"]) for l in client.limits()] == [(2, 2)]
+            assert conn.execute("SELECT count(*) FROM tasks WHERE task_type = 'sleep' "
+                                "AND status = 'RUNNING'").fetchone() == (2,)
+
+            # The paused type, with its due task waiting.
+            paused = client.paused()[0]
+            assert row_of(page("/pauses"), "<tr><td>fail</td>") == [
+                "fail", paused["paused_at"].strftime("%Y-%m-%d %H:%M:%S"), "test", "1"]
+
+            # A schedule the daemon ran: its last run, that run's task and status, the next.
+            def ran():
+                cells = row_of(page("/schedules"), '<tr id="schedule-beat">')
+                return cells if cells[6] == "COMPLETED" else None
+            beat = wait_until(ran, timeout=15, message="a run of the beat schedule completed")
+            last, following = (datetime.strptime(t, "%Y-%m-%d %H:%M:%S") for t in beat[4:6][::-1])
+            assert beat[:4] == ["beat", "*/2 * * * * *", "UTC", "echo"]
+            assert following > last and last.second % 2 == 0 and following.second % 2 == 0
+            link = re.search(r'<tr id="schedule-beat">.*?href="/tasks/([^"]+)"',
+                             page("/schedules"), re.DOTALL)[1]
+            assert link.startswith("schedule%3Abeat%3A")
+    finally:
+        web.stop()
