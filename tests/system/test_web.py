@@ -315,7 +315,7 @@ def test_web_bench_prints_each_pages_p50_p95_and_max_at_its_smallest_sizes(tmp_p
         printed[label] = [float(f) for f in figures.split()]
     assert list(printed) == BENCH_PAGES
     for label, (p50, p95, most, client_p50) in printed.items():
-        assert 0 < p50 <= p95 <= most and client_p50 > 0, (label, row)
+        assert 0 < p50 <= p95 <= most and client_p50 > 0, (label, p50, p95, most)
     # Its scratch schema is gone with it.
     assert conn.execute("SELECT count(*) FROM pg_namespace "
                         "WHERE nspname LIKE 'pgtaskd_bench_%'").fetchone() == (0,)

@@ -14,9 +14,8 @@ from datetime import datetime
 import psycopg
 import pytest
 
-from conftest import scratch_database
+from conftest import scratch_database, wait_until
 from supervisor import Client
-from conftest import wait_until
 from web_console import WebConsole, password_hash
 
 pytest_plugins = ["daemon"]
@@ -133,14 +132,15 @@ def test_pause_resume_limits_and_cancel_change_the_database_as_the_client_does(c
 
         status, headers, _ = acting.post("set-limit", task_type="op_a", max_running="3")
         assert (status, headers["location"]) == (303, "/limits?notice=limit-set")
-        assert [(l["task_type"], l["max_running"], l["updated_by"], l["running"])
-                for l in client.limits()] == [("op_a", 3, "ops (web)", 0)]
+        assert [(limit["task_type"], limit["max_running"], limit["updated_by"],
+                 limit["running"])
+                for limit in client.limits()] == [("op_a", 3, "ops (web)", 0)]
         assert db.execute("SELECT count(*) FROM task_type_slots WHERE task_type = 'op_a'"
                           ).fetchone() == (3,)
         for bad in ("three", "-1", "0"):
             status, _, page = acting.post("set-limit", task_type="op_a", max_running=bad)
             assert status == 400 and "max_running: " in page, (bad, page)
-        assert [l["max_running"] for l in client.limits()] == [3]
+        assert [limit["max_running"] for limit in client.limits()] == [3]
         status, _, _ = acting.post("remove-limit", task_type="op_a")
         assert status == 303 and client.limits() == []
 
@@ -206,7 +206,8 @@ def test_the_schedules_limits_and_pauses_pages_show_the_databases_state(start_da
                 return cells if cells[2] == "2" else None
             cells = wait_until(limit_full, timeout=15, message="two sleeps in the limit's slots")
             assert cells[:3] == ["sleep", "2", "2"] and cells[4] == "test"
-            assert [(l["max_running"], l["running"]) for l in client.limits()] == [(2, 2)]
+            assert [(limit["max_running"], limit["running"])
+                    for limit in client.limits()] == [(2, 2)]
             assert conn.execute("SELECT count(*) FROM tasks WHERE task_type = 'sleep' "
                                 "AND status = 'RUNNING'").fetchone() == (2,)
 
@@ -220,7 +221,7 @@ def test_the_schedules_limits_and_pauses_pages_show_the_databases_state(start_da
                 cells = row_of(page("/schedules"), '<tr id="schedule-beat">')
                 return cells if cells[6] == "COMPLETED" else None
             beat = wait_until(ran, timeout=15, message="a run of the beat schedule completed")
-            last, following = (datetime.strptime(t, "%Y-%m-%d %H:%M:%S") for t in beat[4:6][::-1])
+            following, last = (datetime.strptime(t, "%Y-%m-%d %H:%M:%S") for t in beat[4:6])
             assert beat[:4] == ["beat", "*/2 * * * * *", "UTC", "echo"]
             assert following > last and last.second % 2 == 0 and following.second % 2 == 0
             link = re.search(r'<tr id="schedule-beat">.*?href="/tasks/([^"]+)"',
