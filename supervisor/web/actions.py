@@ -3,8 +3,8 @@
 An action is taken only with ``web.actions: true``, by an authenticated user, with the
 session's CSRF token in its form; anything else is a 403 and changes nothing. Each calls
 the client's own function (retry, cancel, pause, resume, set_limit, remove_limit, and
-retry_matching and cancel_matching for the list's bulk actions: no SQL of its own) and is
-logged as one JSON line with its user, whether it was done or refused.
+retry_matching, cancel_matching and purge_matching for the list's bulk actions: no SQL of
+its own) and is logged as one JSON line with its user, whether it was done or refused.
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ def logout(console: Console):
 ACTIONS = {
     "bulk-retry": (("status",), lambda c, f: bulk.run(c, "bulk-retry", f), None),
     "bulk-cancel": (("status",), lambda c, f: bulk.run(c, "bulk-cancel", f), None),
+    "bulk-purge": (("status",), lambda c, f: bulk.run(c, "bulk-purge", f), None),
     "retry": (("task_id",), lambda c, f: c.retry(f["task_id"]), "retried"),
     "cancel": (("task_id",), lambda c, f: c.cancel(f["task_id"]), "cancelled"),
     "pause": (("task_type",), None, "paused"),

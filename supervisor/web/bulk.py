@@ -1,5 +1,7 @@
-"""Bulk retry and cancel of the console's task list: every task its filters match, through
-the client's ``retry_matching`` and ``cancel_matching``, at most BULK_MAX_TASKS a click.
+"""Bulk retry, cancel and purge of the console's task list: every task its filters match,
+through the client's ``retry_matching``, ``cancel_matching`` and ``purge_matching``, at most
+BULK_MAX_TASKS a click. Purge takes finished tasks only: a filter naming PENDING or RUNNING
+is the client's refusal, a 400 with its reason.
 
 It takes two POSTs. The list's form posts its filters; that first POST is a dry run, whose
 page shows how many tasks would change and a confirmation form carrying the same filters
@@ -23,9 +25,9 @@ from ..logs import emit
 from .app import Console
 from .pages import LIST_FIELDS, list_filter
 
-# A click retries or cancels at most this many tasks: at a few thousand a second in
+# A click retries, cancels or purges at most this many tasks: at a few thousand a second in
 # batches of 1,000, its answer comes well within the connection's deadline. More are
-# taken by clicking again (or by `pgtaskd retry` / `cancel`).
+# taken by clicking again (or by `pgtaskd retry` / `cancel` / `purge`).
 BULK_MAX_TASKS = 10_000
 # Each field of the list's filter, and the bulk filter's field that means the same (a
 # status and a type become one-element lists). A list filter that has none here is refused:
@@ -34,7 +36,7 @@ TASK_FILTER_FIELDS = {"status": "statuses", "task_type": "task_types",
                       "id_prefix": "id_prefix", "name_prefix": "name_prefix",
                       "unique_key": "unique_key", "error": "error"}
 # The client's action behind each console action.
-BULK_ACTIONS = {"bulk-retry": "retry", "bulk-cancel": "cancel"}
+BULK_ACTIONS = {"bulk-retry": "retry", "bulk-cancel": "cancel", "bulk-purge": "purge"}
 # The form's keys beside the list's filters.
 FORM_KEYS = {"csrf", "confirm"}
 # A filter's text in a log line, at most (a form may hold 16 KiB).
@@ -59,7 +61,8 @@ def task_filter(shown: ListFilter) -> TaskFilter:
 def run(client: Client, action: str, form: dict[str, str]) -> BulkOutcome:
     """A dry run of the action on the form's filters, or (with ``confirm``) the action."""
     where = task_filter(list_filter(form, also=FORM_KEYS))
-    walk = client.retry_matching if BULK_ACTIONS[action] == "retry" else client.cancel_matching
+    walk = {"retry": client.retry_matching, "cancel": client.cancel_matching,
+            "purge": client.purge_matching}[BULK_ACTIONS[action]]
     return walk(where, dry_run=form.get("confirm") != "yes", max_tasks=BULK_MAX_TASKS)
 
 

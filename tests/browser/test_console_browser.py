@@ -318,6 +318,50 @@ def test_a_list_of_1000_tasks_pages_without_duplicates_or_gaps(browser, consoles
     assert pages == 20
 
 
+def test_a_narrow_window_scrolls_no_page_sideways_and_dark_mode_follows_the_browser(
+        browser, consoles, db):
+    """What the screenshots show, checked without them: at a phone's width no page is wider
+    than the window (its tables scroll inside their own box), and the browser's dark
+    preference darkens the page."""
+    console = consoles["acting"]
+    kind = new_type("narrow")
+    (task_id,) = add_tasks(db, kind, 1, status="FAILED", finished="now()",
+                           error="ValueError: " + "a-very-long-unbroken-word" * 20)
+    pages = ["/", f"/tasks?status=FAILED&type={kind}", f"/tasks/{task_id}", "/schedules",
+             "/limits", "/pauses", "/daemons"]
+
+    def widths() -> tuple[int, int]:
+        return tuple(browser.execute_script(
+            "return [document.documentElement.scrollWidth, window.innerWidth];"))
+
+    def background() -> tuple[int, ...]:
+        color = browser.execute_script(
+            "return getComputedStyle(document.body).backgroundColor;")
+        return tuple(int(part) for part in color[color.index("(") + 1:-1].split(",")[:3])
+
+    browser.set_window_size(380, 800)
+    try:
+        browser.get(console.url + "/login")
+        assert widths()[1] <= 380 and widths()[0] <= widths()[1], ("/login", widths())
+        log_in(browser, console)  # with the action forms, which must fit too
+        for path in pages:
+            browser.get(console.url + path)
+            scroll, inner = widths()
+            assert scroll <= inner, (path, scroll, inner)
+        browser.get(console.url + pages[1])
+        assert present(browser, "#bulk-purge") and widths()[0] <= widths()[1]
+        assert sum(background()) > 3 * 200, background()
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {
+            "features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+        for path in pages[:3]:
+            browser.get(console.url + path)
+            assert sum(background()) < 3 * 60, (path, background())
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+        browser.set_window_size(1100, 800)
+        browser.delete_all_cookies()
+
+
 def test_screenshots_dark_and_narrow(browser, consoles):
     """Only for the README: the same pages in dark mode and in a phone-sized window."""
     if not SHOTS:

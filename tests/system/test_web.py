@@ -3,6 +3,7 @@ act, and that idle or hostile clients cannot hold it."""
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -270,11 +271,51 @@ def test_without_a_login_or_actions_there_is_no_bulk_form_and_its_post_is_a_403(
                 (showing, showing.log_in(), "actions are off")):
             _, _, page = web.request("GET", "/tasks?status=FAILED", headers={"Cookie": cookie})
             assert ">a1<" in page and "bulk" not in page
-            status, _, page = web.request(
-                "POST", "/actions/bulk-retry",
-                body={"csrf": token, "status": "FAILED", "confirm": "yes"},
-                headers={"Cookie": cookie})
-            assert status == 403 and refusal in page
+            for action in ("bulk-retry", "bulk-purge"):
+                status, _, page = web.request(
+                    "POST", f"/actions/{action}",
+                    body={"csrf": token, "status": "FAILED", "confirm": "yes"},
+                    headers={"Cookie": cookie})
+                assert status == 403 and refusal in page
     finally:
         showing.stop()
+    # Logged in with actions on, but without the session's token.
+    cookie, token = console.log_in()
+    for csrf in ({}, {"csrf": "forged"}):
+        status, _, page = console.request(
+            "POST", "/actions/bulk-purge", body={**csrf, "status": "FAILED", "confirm": "yes"},
+            headers={"Cookie": cookie})
+        assert status == 403 and "token" in page
     assert statuses(conn) == before
+
+
+
+BENCH_PAGES = ["overview", "overview, live update", "tasks PENDING, all types",
+               "tasks PENDING, one type", "tasks PENDING, one type, page 2",
+               "tasks PENDING, due later", "tasks RUNNING", "tasks FAILED",
+               "tasks FAILED, one type", "tasks COMPLETED, error text",
+               "tasks FAILED, id prefix", "a task", "schedules", "limits", "pauses"]
+
+
+def test_web_bench_prints_each_pages_p50_p95_and_max_at_its_smallest_sizes(tmp_path, db_dsn,
+                                                                           conn):
+    from cli_runs import pgtaskd, write_config
+
+    config = write_config(tmp_path, db_dsn)
+    result = pgtaskd("web-bench", "-c", config, "--finished", "0", "--pending", "0",
+                     "--requests", "3", dsn=None)
+    assert result.returncode == 0, result.stderr
+    title, header, *rows = result.stdout.splitlines()
+    assert title.startswith("0 finished and 0 pending tasks (200 running, 8 types; filled in ")
+    assert title.endswith("), 3 requests a page")
+    assert header.split() == ["page", "server", "p50", "p95", "max", "client", "p50", "(ms)"]
+    printed = {}
+    for row in rows:
+        label, figures = re.fullmatch(r"(.+?)\s+((?:\s*\d+\.\d){4})", row).groups()
+        printed[label] = [float(f) for f in figures.split()]
+    assert list(printed) == BENCH_PAGES
+    for label, (p50, p95, most, client_p50) in printed.items():
+        assert 0 < p50 <= p95 <= most and client_p50 > 0, (label, p50, p95, most)
+    # Its scratch schema is gone with it.
+    assert conn.execute("SELECT count(*) FROM pg_namespace "
+                        "WHERE nspname LIKE 'pgtaskd_bench_%'").fetchone() == (0,)
