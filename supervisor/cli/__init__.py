@@ -1,6 +1,6 @@
 """The ``pgtaskd`` command line.
 
-Every command takes ``-c/--config`` (or ``$PGTASKD_CONFIG``); all but ``run`` and ``worker``
+Every command takes ``-c/--config`` (or ``$PGTASKD_CONFIG``); all but ``run``, ``worker`` and ``web``
 take ``--json`` for scripts. Errors are one line on stderr and an exit code: 2 for bad input
 (arguments, config, payload), 1 for operational failures (database unreachable, task
 missing, a task in the wrong status). No traceback reaches an operator.
@@ -44,10 +44,21 @@ EPILOG = textwrap.dedent("""\
       pgtaskd daemons                                    the daemons, their children, their tasks
       pgtaskd web -c etc/pgtaskd.yaml                    the web console (the web extra)
 
-    Every command takes -c FILE (default: $PGTASKD_CONFIG) and --json. The database is
-    database.dsn from the config, or $PGTASKD_DSN, or else the embedded PostgreSQL.
+    Every command takes -c FILE (default: $PGTASKD_CONFIG); all but run, worker and web
+    take --json. The database is $PGTASKD_DSN if set, else database.dsn from the config,
+    else the embedded PostgreSQL.
     Exit status: 0 done, 1 operational failure (database unreachable, no such task, a
     task in the wrong status), 2 bad input (arguments, config, payload).
+    """)
+
+# What supervisor/daemon/arbiter.py does with each signal it handles (SIGNAL_NAMES there).
+RUN_SIGNALS = textwrap.dedent("""\
+    signals:
+      SIGTERM, SIGINT   stop: no new claims, running tasks finish (shutdown_timeout), exit 0
+      SIGQUIT           stop at once: children killed, their tasks released to PENDING
+      SIGHUP            reload the config and the handlers' code; a bad config is logged and
+                        the running one kept
+      SIGTTIN, SIGTTOU  one worker child more, or fewer, in every pool
     """)
 
 # argparse quotes a refused argument whole ('invalid int value: ...'); a 10 kB one, or 5,000
@@ -96,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run", help="run the supervisor daemon", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Start the supervisor: it migrates the schema, forks the configured worker "
-                    "children and watches them until SIGTERM.",
-        epilog="example:\n  pgtaskd run -c /etc/pgtaskd/pgtaskd.yaml")
+                    "children and watches them until it is told to stop.",
+        epilog=RUN_SIGNALS + "\nexample:\n  pgtaskd run -c /etc/pgtaskd/pgtaskd.yaml")
     _add_config(run)
     run.add_argument("--no-migrate", action="store_true",
                      help="do not apply schema migrations at start (they must be applied already)")
