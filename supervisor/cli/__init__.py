@@ -1,9 +1,9 @@
 """The ``pgtaskd`` command line.
 
 Every command takes ``-c/--config`` (or ``$PGTASKD_CONFIG``); all but ``run``, ``worker``
-and ``web`` take ``--json`` for scripts. Errors are one line on stderr and an exit code: 2 for bad input
-(arguments, config, payload), 1 for operational failures (database unreachable, task
-missing, a task in the wrong status). No traceback reaches an operator.
+and ``web`` take ``--json`` for scripts. Errors are one line on stderr and an exit code: 2
+for bad input (arguments, config, payload), 1 for operational failures (database
+unreachable, task missing, a task in the wrong status). No traceback reaches an operator.
 """
 
 from __future__ import annotations
