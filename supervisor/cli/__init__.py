@@ -21,6 +21,7 @@ import psycopg
 from .. import __version__
 from ..config import MAX_LIMIT, load_config
 from ..errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError
+from .completion import add_completion_command
 from .output import OutputLost
 from .argument_types import (limit_value, non_negative_int, parse_age, parse_duration,
                              parse_timestamp, parse_when, positive_int, work_milliseconds)
@@ -43,9 +44,10 @@ EPILOG = textwrap.dedent("""\
       pgtaskd limit TYPE N / pgtaskd limits              global concurrency limits
       pgtaskd daemons                                    the daemons, their children, their tasks
       pgtaskd web -c etc/pgtaskd.yaml                    the web console (the web extra)
+      pgtaskd completion bash                            print the bash completion script
 
-    Every command takes -c FILE (default: $PGTASKD_CONFIG); all but run, worker and web
-    take --json. The database is $PGTASKD_DSN if set, else database.dsn from the config,
+    Every command but completion takes -c FILE (default: $PGTASKD_CONFIG); all but run,
+    worker, web and completion take --json. The database is $PGTASKD_DSN if set, else database.dsn from the config,
     else the embedded PostgreSQL.
     Exit status: 0 done, 1 operational failure (database unreachable, no such task, a
     task in the wrong status), 2 bad input (arguments, config, payload).
@@ -201,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="keep the filled schema (its name is printed) for another run")
 
     _add_task_commands(commands)
+    add_completion_command(commands)
     return parser
 
 
@@ -494,6 +497,7 @@ _COMMAND_MODULES = {
     **dict.fromkeys(["pause", "resume", "limit", "limits", "schedules"], "fleet_commands"),
     "daemons": "registry_commands",
     **dict.fromkeys(["web", "web-bench"], "web_commands"),
+    "completion": "completion",
 }
 
 
@@ -506,6 +510,8 @@ def _dispatch(argv) -> int:
     # Only now, once the command is known: `pgtaskd --help` and a usage error load neither the
     # client nor the daemon. For speed, not a circle: no command module imports this one.
     commands = importlib.import_module(f".{_COMMAND_MODULES[args.command]}", __name__)
+    if args.command == "completion":  # no config: it completes whatever config comes later
+        return commands.cmd_completion(args, parser)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
