@@ -1,9 +1,10 @@
 """The ``pgtaskd`` command line.
 
-Every command takes ``-c/--config`` (or ``$PGTASKD_CONFIG``); all but ``run``, ``worker``
-and ``web`` take ``--json`` for scripts. Errors are one line on stderr and an exit code: 2
-for bad input (arguments, config, payload), 1 for operational failures (database
-unreachable, task missing, a task in the wrong status). No traceback reaches an operator.
+Every command but ``completion`` takes ``-c/--config`` (or ``$PGTASKD_CONFIG``); all but
+``run``, ``worker``, ``web`` and ``completion`` take ``--json`` for scripts. Errors are one
+line on stderr and an exit code: 2 for bad input (arguments, config, payload), 1 for
+operational failures (database unreachable, task missing, a task in the wrong status). No
+traceback reaches an operator.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ EPILOG = textwrap.dedent("""\
       pgtaskd completion bash                            print the bash completion script
 
     Every command but completion takes -c FILE (default: $PGTASKD_CONFIG); all but run,
-    worker, web and completion take --json. The database is $PGTASKD_DSN if set, else database.dsn from the config,
-    else the embedded PostgreSQL.
+    worker, web and completion take --json. The database is $PGTASKD_DSN if set, else
+    database.dsn from the config, else the embedded PostgreSQL.
     Exit status: 0 done, 1 operational failure (database unreachable, no such task, a
     task in the wrong status), 2 bad input (arguments, config, payload).
     """)
