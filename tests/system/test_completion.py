@@ -1,8 +1,10 @@
-"""`pgtaskd completion bash|zsh`: the scripts are valid, and bash, given the script as a user
-installs it, completes commands, options, choices and file names."""
+"""`pgtaskd completion bash|zsh`: the scripts are valid, bash, given the script as a user
+installs it, completes commands, options, choices and file names, and zsh's compinit takes
+the zsh one from a folder on $fpath."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -77,9 +79,18 @@ def test_the_zsh_script_is_valid_zsh_and_names_every_command(scripts):
                             timeout=30)
     assert (result.returncode, result.stderr) == (0, "")
     text = scripts["zsh"].read_text()
-    assert text.startswith("#compdef pgtaskd")
     for command in ("run", "submit", "list", "retry", "completion", "--payload-file"):
         assert command in text
+    # Installed as the README says: a file _pgtaskd in a folder on $fpath, then compinit.
+    folder = scripts["zsh"].parent / "zfunc"
+    folder.mkdir()
+    (folder / "_pgtaskd").write_text(text)
+    registered = subprocess.run(
+        [zsh, "-f", "-c", f"fpath=({folder} $fpath); autoload -U compinit; "
+                          f"compinit -u -d {folder}/.zcompdump; print -r -- $_comps[pgtaskd]"],
+        capture_output=True, text=True, timeout=30,
+        env={"HOME": str(folder), "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    assert (registered.returncode, registered.stdout, registered.stderr) == (0, "_pgtaskd\n", "")
 
 
 @pytest.mark.parametrize("arguments, fragment", [
