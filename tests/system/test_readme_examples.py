@@ -54,7 +54,8 @@ SKIPPED_ELSEWHERE = {
         "a worker in a terminal, running until stopped; tests/system/test_logs.py checks "
         "the text format on a pseudo-terminal",
     "$ pgtaskd daemons":
-        "needs daemons running on several hosts; tests/system/test_registry.py checks it",
+        "the registry of daemons on two hosts; tests/system/test_registry.py checks "
+        "pgtaskd daemons on a real daemon",
     "$ pgtaskd bench --tasks 5000 --processes 2 --runs 3":
         "a benchmark of minutes whose figures vary; tests/system/test_bench.py runs a small one",
     "$ pgtaskd web-bench --finished 5000000 --pending 1000000 --requests 100":
