@@ -1,9 +1,10 @@
 """The ``pgtaskd`` command line.
 
-Every command takes ``-c/--config`` (or ``$PGTASKD_CONFIG``); all but ``run`` and ``worker``
-take ``--json`` for scripts. Errors are one line on stderr and an exit code: 2 for bad input
-(arguments, config, payload), 1 for operational failures (database unreachable, task
-missing, a task in the wrong status). No traceback reaches an operator.
+Every command but ``completion`` takes ``-c/--config`` (or ``$PGTASKD_CONFIG``); all but
+``run``, ``worker``, ``web`` and ``completion`` take ``--json`` for scripts. Errors are one
+line on stderr and an exit code: 2 for bad input (arguments, config, payload), 1 for
+operational failures (database unreachable, task missing, a task in the wrong status). No
+traceback reaches an operator.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import psycopg
 from .. import __version__
 from ..config import MAX_LIMIT, load_config
 from ..errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, UsageError
+from .completion import add_completion_command
 from .output import OutputLost
 from .argument_types import (limit_value, non_negative_int, parse_age, parse_duration,
                              parse_timestamp, parse_when, positive_int, work_milliseconds)
@@ -43,11 +45,23 @@ EPILOG = textwrap.dedent("""\
       pgtaskd limit TYPE N / pgtaskd limits              global concurrency limits
       pgtaskd daemons                                    the daemons, their children, their tasks
       pgtaskd web -c etc/pgtaskd.yaml                    the web console (the web extra)
+      pgtaskd completion bash                            print the bash completion script
 
-    Every command takes -c FILE (default: $PGTASKD_CONFIG) and --json. The database is
-    database.dsn from the config, or $PGTASKD_DSN, or else the embedded PostgreSQL.
+    Every command but completion takes -c FILE (default: $PGTASKD_CONFIG); all but run,
+    worker, web and completion take --json. The database is $PGTASKD_DSN if set, else
+    database.dsn from the config, else the embedded PostgreSQL.
     Exit status: 0 done, 1 operational failure (database unreachable, no such task, a
     task in the wrong status), 2 bad input (arguments, config, payload).
+    """)
+
+# What supervisor/daemon/arbiter.py does with each signal it handles (SIGNAL_NAMES there).
+RUN_SIGNALS = textwrap.dedent("""\
+    signals:
+      SIGTERM, SIGINT   stop: no new claims, running tasks finish (shutdown_timeout), exit 0
+      SIGQUIT           stop at once: children killed, their tasks released to PENDING
+      SIGHUP            reload the config and the handlers' code; a bad config is logged and
+                        the running one kept
+      SIGTTIN, SIGTTOU  one worker child more, or fewer, in every pool
     """)
 
 # argparse quotes a refused argument whole ('invalid int value: ...'); a 10 kB one, or 5,000
@@ -96,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run", help="run the supervisor daemon", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Start the supervisor: it migrates the schema, forks the configured worker "
-                    "children and watches them until SIGTERM.",
-        epilog="example:\n  pgtaskd run -c /etc/pgtaskd/pgtaskd.yaml")
+                    "children and watches them until it is told to stop.",
+        epilog=RUN_SIGNALS + "\nexample:\n  pgtaskd run -c /etc/pgtaskd/pgtaskd.yaml")
     _add_config(run)
     run.add_argument("--no-migrate", action="store_true",
                      help="do not apply schema migrations at start (they must be applied already)")
@@ -190,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="keep the filled schema (its name is printed) for another run")
 
     _add_task_commands(commands)
+    add_completion_command(commands)
     return parser
 
 
@@ -483,6 +498,7 @@ _COMMAND_MODULES = {
     **dict.fromkeys(["pause", "resume", "limit", "limits", "schedules"], "fleet_commands"),
     "daemons": "registry_commands",
     **dict.fromkeys(["web", "web-bench"], "web_commands"),
+    "completion": "completion",
 }
 
 
@@ -495,6 +511,8 @@ def _dispatch(argv) -> int:
     # Only now, once the command is known: `pgtaskd --help` and a usage error load neither the
     # client nor the daemon. For speed, not a circle: no command module imports this one.
     commands = importlib.import_module(f".{_COMMAND_MODULES[args.command]}", __name__)
+    if args.command == "completion":  # no config: it completes whatever config comes later
+        return commands.cmd_completion(args, parser)
     try:
         config = load_config(args.config)
     except ConfigError as exc:

@@ -4,6 +4,7 @@ PostgreSQL."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
@@ -60,6 +61,29 @@ def test_help_explains_every_command_with_an_example():
         assert option in list_help
     version = pgtaskd("--version", dsn=None)
     assert (version.returncode, version.stdout) == (0, f"pgtaskd {__version__}\n")
+
+
+def test_help_says_which_commands_take_json_and_config_which_dsn_wins_and_the_signals():
+    """The top help's promises, checked against the parser and the code that keeps them."""
+    from supervisor.cli import build_parser
+    from supervisor.daemon.arbiter import SIGNAL_NAMES
+    subcommands = next(action for action in build_parser()._actions
+                       if isinstance(action, argparse._SubParsersAction)).choices
+    lacking = {option: {name for name, parser in subcommands.items()
+                        if option not in parser._option_string_actions}
+               for option in ("--json", "--config")}
+    top = " ".join(pgtaskd("--help", dsn=None).stdout.split())
+    promised = re.search(r"Every command(?: but (.+?))? takes -c FILE .*?; all but (.+?) take "
+                         r"--json", top)
+    assert promised, top
+    named = [set(re.split(r", | and ", names)) if names else set()
+             for names in promised.groups()]
+    assert named == [lacking["--config"], lacking["--json"]]
+    # supervisor/config/loader.py: the environment's DSN wins over the config's.
+    assert "The database is $PGTASKD_DSN if set, else database.dsn from the config" in top
+    run_help = pgtaskd("run", "--help", dsn=None).stdout
+    for name in SIGNAL_NAMES.values():
+        assert f"SIG{name.upper()}" in run_help
 
 
 SCHEDULES = {
