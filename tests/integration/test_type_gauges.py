@@ -12,6 +12,7 @@ import pytest
 from supervisor.db import queue_figures, store
 from supervisor.db.queue_figures import AT_LEAST, ESTIMATE, OTHER_TYPES
 
+from conftest import wait_until
 from test_claim_cost import GROWTH_MARGIN, SKEW, SKEWS, buffers
 
 
@@ -122,3 +123,29 @@ def test_the_figures_by_type_read_no_more_however_the_table_grows(conn, skew):
     # Four counts (three types, the gaps of the others) of 1,001 index entries at most, and
     # a few probes for each of at most 20 other types: a few hundred pages, whatever the size.
     assert measured[0] < 400, measured
+
+
+def test_costly_figures_are_taken_again_only_after_a_while_or_for_new_types(db_dsn, conn,
+                                                                            monkeypatch):
+    """Where the figures cost more than BY_TYPE_CHEAP, the health check keeps them for
+    BY_TYPE_EVERY (a million PENDING tasks: about 15 ms of a 20 ms check); a reload that
+    changes the named types takes them at once. Here every check counts as costly."""
+    from supervisor.maintenance import health
+    from supervisor.maintenance.health import ChildrenStatus, HealthChecker
+
+    monkeypatch.setattr(health, "BY_TYPE_CHEAP", -1.0)
+    monkeypatch.setattr(health, "BY_TYPE_EVERY", 3.0)
+    checker = HealthChecker(db_dsn, interval=5, max_pending_age=300, lease_grace=15,
+                            children=lambda: ChildrenStatus(1, 1), known_types={"echo"})
+    try:
+        due(conn, 2, "echo")
+        assert checker.run_once().by_type["echo"].pending == 2
+        due(conn, 3, "echo", prefix="more")
+        assert checker.run_once().by_type["echo"].pending == 2, "kept, not taken again"
+        checker.known_types = frozenset({"echo", "idle"})
+        assert checker.run_once().by_type["echo"].pending == 5, "new types: taken at once"
+        due(conn, 1, "echo", prefix="last")
+        wait_until(lambda: checker.run_once().by_type["echo"].pending == 6, timeout=10,
+                   message="the figures to be taken again once due")
+    finally:
+        checker._close()
