@@ -200,6 +200,25 @@ class Host:
         return ["ip", "netns", "exec", self.namespace, "unshare", "--uts", "--",
                 "sh", "-c", 'hostname "$0" && exec "$@"', self.hostname]
 
+    def run(self, argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+        """Run a program on this host and wait for it."""
+        return subprocess.run(self.prefix + argv, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def http_status(self, port: int, path: str) -> int:
+        """The status of a GET to this host's own address, sent from the host itself (it
+        gets there while the host is cut off); 0 if nothing answered."""
+        script = ("import sys, urllib.request, urllib.error\n"
+                  "try:\n"
+                  "    print(urllib.request.urlopen(sys.argv[1], timeout=5).status)\n"
+                  "except urllib.error.HTTPError as exc:\n"
+                  "    print(exc.code)\n"
+                  "except OSError:\n"
+                  "    print(0)\n")
+        done = self.run([sys.executable, "-c", script,
+                         f"http://{self.address}:{port}{path}"])
+        return int(done.stdout.strip() or 0)
+
     def dsn(self, dbname: str) -> str:
         """How this host reaches the run's PostgreSQL: the bridge's address, or the relay in
         front of it when slow_down had to use one."""
@@ -303,7 +322,15 @@ class Lab:
         host's address."""
         kwargs.setdefault("metrics", {"listen": f"{host.address}:{METRICS_PORT}"})
         return self.start_daemon(name or host.hostname, dsn=host.dsn(self.dbname),
-                           prefix=host.prefix, **kwargs)
+                                 prefix=host.prefix, **kwargs)
+
+    def start_all(self, hosts: list[Host], **kwargs) -> list:
+        """A daemon on each host, started at once (booting them one after the other costs a
+        second or two each on two cores); returns when every one is ready."""
+        daemons = [self.start(host, wait_ready=False, **kwargs) for host in hosts]
+        for daemon in daemons:
+            daemon.wait_for("supervisor_ready", timeout=60)
+        return daemons
 
 
 @pytest.fixture
