@@ -145,6 +145,9 @@ class Network:
             admin.execute(f'CREATE DATABASE "{TEMPLATE}"')
         with psycopg.connect(self.server.dsn(TEMPLATE), autocommit=True) as conn:
             migrate(conn)
+            # Where tests/handlers/basic.py records each run, as in conftest's template.
+            conn.execute("CREATE TABLE test_runs (task_id TEXT, worker_id TEXT, "
+                         "retry_count INT, pid INT, at TIMESTAMPTZ DEFAULT clock_timestamp())")
 
     def add_host(self) -> "Host":
         host = Host(self, self._count, str(next(self._addresses)))
