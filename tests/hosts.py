@@ -239,47 +239,51 @@ class Host:
     def heal(self) -> None:
         ip("link", "set", "dev", self.veth, "up")
 
-    def slow_down(self, delay: float, loss: float) -> str:
-        """Delay what reaches this host by ``delay`` seconds and drop ``loss`` of it, this
-        host only; how it was done.
+    def prepare_slow_path(self) -> str:
+        """Make this host's link one that slow_down can slow later; how it will be done.
+        Call before starting the host's daemon.
 
         ``tc netem`` on the bridge's end of the veth where the kernel has it. Where it lacks
-        sch_netem (some VM kernels), the same path is slowed in two parts: the packets into
-        the host are dropped at random by iptables' statistic match in the host's namespace,
-        and the host's connections to PostgreSQL go through a relay on the bridge's address
-        that holds each exchange ``delay`` seconds (call before starting the daemon: its DSN
-        points at the relay). Raises pytest.skip where neither is possible."""
-        netem = subprocess.run(
-            ["tc", "qdisc", "add", "dev", self.veth, "root", "netem",
-             "delay", f"{delay * 1000:g}ms", "loss", f"{loss * 100:g}%"],
-            capture_output=True, text=True)
+        sch_netem (some VM kernels), the path is slowed in two parts: iptables' statistic
+        match in the host's namespace drops packets into the host at random, and the host's
+        connections to PostgreSQL go through a relay on the bridge's address that holds each
+        exchange (the host's DSN points at it from now on). Skips where neither is possible."""
+        netem = subprocess.run(["tc", "qdisc", "add", "dev", self.veth, "root", "netem",
+                                "delay", "0ms"], capture_output=True, text=True)
         if netem.returncode == 0:
             self.slowed_by = "tc netem"
             return self.slowed_by
-        iptables = shutil.which("iptables")
-        if iptables is None:
+        if shutil.which("iptables") is None:
             pytest.skip(f"no tc netem ({netem.stderr.strip()}) and no iptables "
                         f"(Debian package iptables) to drop packets at random")
-        dropped = subprocess.run(
-            ["ip", "netns", "exec", self.namespace, iptables, "-A", "INPUT", "-i", "eth0",
-             "-m", "statistic", "--mode", "random", "--probability", f"{loss:g}",
-             "-j", "DROP"], capture_output=True, text=True)
-        if dropped.returncode != 0:
-            pytest.skip(f"no tc netem ({netem.stderr.strip()}) and iptables cannot drop "
-                        f"packets at random: {dropped.stderr.strip()}")
-        server = self.network.server
-        self.relay = TcpProxy("127.0.0.1", server.port, listen_host=self.network.address)
-        self.relay.latency = delay
-        self.slowed_by = (f"iptables statistic drop + a relay adding {delay * 1000:g} ms per "
-                          f"round trip (this kernel has no sch_netem)")
+        listing = self.run(["iptables", "-L", "INPUT", "-n"])
+        if listing.returncode != 0:
+            pytest.skip(f"no tc netem ({netem.stderr.strip()}) and iptables does not work "
+                        f"here: {listing.stderr.strip()}")
+        self.relay = TcpProxy("127.0.0.1", self.network.server.port,
+                              listen_host=self.network.address)
+        self.slowed_by = (f"iptables statistic drop + a relay holding each exchange "
+                          f"(this kernel has no sch_netem: {netem.stderr.strip()})")
         return self.slowed_by
 
+    def slow_down(self, delay: float, loss: float) -> None:
+        """Delay what reaches this host by ``delay`` seconds and drop ``loss`` of it, this
+        host only, as prepare_slow_path said it would."""
+        if self.relay is None:
+            subprocess.run(["tc", "qdisc", "change", "dev", self.veth, "root", "netem",
+                            "delay", f"{delay * 1000:g}ms", "loss", f"{loss * 100:g}%"],
+                           check=True, capture_output=True, text=True)
+            return
+        self.run(["iptables", "-A", "INPUT", "-i", "eth0", "-m", "statistic", "--mode",
+                  "random", "--probability", f"{loss:g}", "-j", "DROP"]).check_returncode()
+        self.relay.latency = delay
+
     def packets_dropped(self) -> int:
-        """Packets the iptables rule of slow_down dropped so far (0 with netem)."""
+        """Packets the iptables rule of slow_down dropped so far (0 with netem, which does
+        not count them here)."""
         if self.relay is None:
             return 0
-        listing = subprocess.run(["ip", "netns", "exec", self.namespace, "iptables", "-L",
-                                  "INPUT", "-v", "-x", "-n"], capture_output=True, text=True)
+        listing = self.run(["iptables", "-L", "INPUT", "-v", "-x", "-n"])
         for line in listing.stdout.splitlines():
             if "statistic" in line:
                 return int(line.split()[0])

@@ -151,7 +151,7 @@ def test_hosts_an_hour_ahead_and_behind_behave_as_the_true_one(host_lab, tmp_pat
         long = {name: [f"long-{name}-{n}" for n in range(2)] for name in hosts}
         for name in hosts:
             client.submit_many({"task_type": f"works_{name}", "task_id": task_id,
-                                "payload": {"log": str(log), "seconds": LEASE * 1.5}}
+                                "payload": {"log": str(log), "seconds": LEASE * 1.2}}
                                for task_id in long[name])
             client.submit(f"fail_{name}", {}, task_id=f"fail-{name}", max_retries=2)
 
@@ -232,7 +232,7 @@ def test_hosts_an_hour_ahead_and_behind_behave_as_the_true_one(host_lab, tmp_pat
     print(f"\nclocks ({how}): hosts {skew['ahead']:+.0f} s and {skew['behind']:+.0f} s off "
           f"(monotonic true); lease_until - now() {min(lease_left.values()):.2f}-"
           f"{max(lease_left.values()):.2f} s (lease {LEASE:g} s); {len(every_long)} tasks of "
-          f"{LEASE * 1.5:g} s, {report['duplicates']} duplicates; retry gaps {gaps}; pending "
+          f"{LEASE * 1.2:g} s, {report['duplicates']} duplicates; retry gaps {gaps}; pending "
           f"age on /healthz {ages}; schedules on time (latest {max(late.values()):.2f} s), "
           f"{len(shared)} shared instants enqueued by {by_host}; retention kept 20-min rows, "
           f"deleted 40-min ones; {elapsed:.1f} s")

@@ -31,6 +31,7 @@ from supervisor import Client
 pytest_plugins = ["daemon", "hosts"]
 
 LEASE = 3.0
+LONG = LEASE * 1.2  # runs on renewals
 TREE = dict(lease={"seconds": LEASE, "renew_interval": 1}, poll_interval=0.1,
             registry={"interval": 1}, pools={"default": {"processes": 2}})
 
@@ -53,24 +54,24 @@ def done(conn, ids: list[str]) -> bool:
 
 
 def cut_while_running_two_tasks(host_lab, log):
-    """Three hosts: the first runs two tasks of 2 s alone and is cut off a second into them,
-    just after its first lease renewal; then the other two start. Its runs finish while it
-    is cut off, so their completions wait in its TCP stack (or its final-write retries)
-    until the heal, while the others take the tasks over once the leases run out (a
-    takeover's run takes 0.5 s). Returns the host, its daemon, the others' daemons, what it
-    held (task id -> token), and when the cut came (monotonic, wall clock)."""
+    """Three hosts: the first claims two tasks of 2 s alone (the other two start as it does)
+    and is cut off a second into them, just after its first lease renewal. Its runs finish
+    while it is cut off, so their completions wait in its TCP stack (or its final-write
+    retries) until the heal, while the others take the tasks over once the leases run out
+    (a takeover's run takes 0.5 s). Returns the host, its daemon, the others' daemons, what
+    it held (task id -> token), and when the cut came (monotonic, wall clock)."""
     cut_off, *others = host_lab.add_hosts(3)
     first = host_lab.start(cut_off, **TREE)
     first.wait_for("worker_booted", count=2)
     submit(host_lab.dsn, log, ["t0", "t1"], seconds=2, retry_seconds=0.5)
     first.wait_for("task_claimed", count=2, timeout=30)
+    daemons = [host_lab.start(host, wait_ready=False, **TREE) for host in others]
     held = {e["task_id"]: e["token"] for e in first.find("task_claimed")[:2]}
     for task_id in held:
         first.wait_for("lease_renewed", task_id=task_id)
     began, cut_wall = time.monotonic(), time.time()
     cut_off.cut()
     assert not first.find("task_completed"), "its runs ended before the cut"
-    daemons = [host_lab.start(host, wait_ready=False, **TREE) for host in others]
     return cut_off, first, daemons, held, (began, cut_wall)
 
 
@@ -132,21 +133,26 @@ def test_one_slow_lossy_host_completes_its_tasks_while_the_others_run_at_full_sp
     delay, loss = 0.3, 0.1
     log = tmp_path / "runs.log"
     slow, *fast = host_lab.add_hosts(3)
-    how = slow.slow_down(delay, loss)
+    how = slow.prepare_slow_path()
     # Tasks of type "long" run on the slow host only, past their lease: they live on
-    # renewals made through the slow link.
-    long_pool = {"long": {"processes": 1, "task_types": ["long"]},
+    # renewals made through the slow link. (A claim whose answer took long leaves its first
+    # renewal less time to get through: a lease may be lost, and its run stop and run again.)
+    long_pool = {"long": {"processes": 2, "task_types": ["long"]},
                  "default": {"processes": 2, "task_types": ["works"]}}
     handlers = {"types": {"works": "timed_handlers:works", "long": "timed_handlers:works"}}
-    daemons = host_lab.start_all([slow], **{**TREE, "pools": long_pool, "handlers": handlers})
-    daemons += host_lab.start_all(fast, **{**TREE, "handlers": {
-        "types": {"works": "timed_handlers:works"}}})
+    daemons = [host_lab.start(slow, wait_ready=False, **{**TREE, "pools": long_pool,
+                                                         "handlers": handlers})]
+    daemons += [host_lab.start(host, wait_ready=False, **{**TREE, "handlers": {
+        "types": {"works": "timed_handlers:works"}}}) for host in fast]
     for daemon in daemons:
         daemon.wait_for("worker_booted", count=2, timeout=60)
+    # Slowed once booted: a child booting through a slow path is
+    # tests/system/test_slow_database_path.py's subject, and would only make this one longer.
+    slow.slow_down(delay, loss)
     long = [f"long{n}" for n in range(2)]
     short = [f"t{n}" for n in range(90)]
     started = time.monotonic()
-    submit(host_lab.dsn, log, long, seconds=LEASE * 1.5, task_type="long")
+    submit(host_lab.dsn, log, long, seconds=LONG, task_type="long")
     submit(host_lab.dsn, log, short, seconds=0.05)
     with psycopg.connect(host_lab.dsn, autocommit=True) as conn:
         wait_until(lambda: done(conn, short), timeout=120, message="the short tasks")
@@ -163,8 +169,9 @@ def test_one_slow_lossy_host_completes_its_tasks_while_the_others_run_at_full_sp
     report = audit(runs, long + short, ended_by={},
                    explained=lambda run: run["pid"] in slow_pids and run["task_id"] in lost)
     dropped = slow.packets_dropped()
-    print(f"\nslow host ({how}): {len(short)} short tasks drained in {drained:.1f} s, "
-          f"completed per host {per_host}; {len(long)} tasks of {LEASE * 1.5:g} s on the slow "
+    print(f"\nslow host ({delay * 1000:g} ms, {loss:.0%} loss by {how}): {len(short)} short "
+          f"tasks drained in {drained:.1f} s, "
+          f"completed per host {per_host}; {len(long)} tasks of {LONG:g} s on the slow "
           f"host renewed through its link ({len(renewed & set(long))} of them), "
           f"{len(lost)} leases lost there, {report['duplicates']} duplicates"
           + (f", {dropped} packets dropped" if dropped else ""))
