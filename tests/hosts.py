@@ -44,9 +44,14 @@ METRICS_PORT = 9464
 TEMPLATE = "pgtaskd_hosts_template"
 
 
+def tool(name: str) -> str | None:
+    """A system tool's path; /usr/sbin counts even where PATH leaves it out."""
+    return shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+
+
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check,
-                          timeout=30)
+    return subprocess.run([tool("ip") or "ip", *args], capture_output=True, text=True,
+                          check=check, timeout=30)
 
 
 def why_no_namespaces() -> str | None:
@@ -55,7 +60,7 @@ def why_no_namespaces() -> str | None:
         return "network namespaces are a Linux feature"
     if os.geteuid() != 0:
         return "network namespaces need root (CAP_NET_ADMIN and CAP_SYS_ADMIN)"
-    if shutil.which("ip") is None:
+    if tool("ip") is None:
         return "no `ip` command (Debian package iproute2)"
     probe = f"{NAMESPACE_PREFIX}{os.getpid()}-probe"
     made = ip("netns", "add", probe, check=False)
@@ -200,7 +205,7 @@ class Host:
     @property
     def prefix(self) -> list[str]:
         """The command that runs a program on this host, in place (same pid)."""
-        return ["ip", "netns", "exec", self.namespace, "unshare", "--uts", "--",
+        return [tool("ip") or "ip", "netns", "exec", self.namespace, "unshare", "--uts", "--",
                 "sh", "-c", 'hostname "$0" && exec "$@"', self.hostname]
 
     def run(self, argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
@@ -248,15 +253,15 @@ class Host:
         match in the host's namespace drops packets into the host at random, and the host's
         connections to PostgreSQL go through a relay on the bridge's address that holds each
         exchange (the host's DSN points at it from now on). Skips where neither is possible."""
-        netem = subprocess.run(["tc", "qdisc", "add", "dev", self.veth, "root", "netem",
-                                "delay", "0ms"], capture_output=True, text=True)
+        netem = subprocess.run([tool("tc") or "tc", "qdisc", "add", "dev", self.veth, "root",
+                                "netem", "delay", "0ms"], capture_output=True, text=True)
         if netem.returncode == 0:
             self.slowed_by = "tc netem"
             return self.slowed_by
-        if shutil.which("iptables") is None:
+        if tool("iptables") is None:
             pytest.skip(f"no tc netem ({netem.stderr.strip()}) and no iptables "
                         f"(Debian package iptables) to drop packets at random")
-        listing = self.run(["iptables", "-L", "INPUT", "-n"])
+        listing = self.run([tool("iptables"), "-L", "INPUT", "-n"])
         if listing.returncode != 0:
             pytest.skip(f"no tc netem ({netem.stderr.strip()}) and iptables does not work "
                         f"here: {listing.stderr.strip()}")
@@ -270,11 +275,11 @@ class Host:
         """Delay what reaches this host by ``delay`` seconds and drop ``loss`` of it, this
         host only, as prepare_slow_path said it would."""
         if self.relay is None:
-            subprocess.run(["tc", "qdisc", "change", "dev", self.veth, "root", "netem",
-                            "delay", f"{delay * 1000:g}ms", "loss", f"{loss * 100:g}%"],
+            subprocess.run([tool("tc") or "tc", "qdisc", "change", "dev", self.veth, "root",
+                            "netem", "delay", f"{delay * 1000:g}ms", "loss", f"{loss * 100:g}%"],
                            check=True, capture_output=True, text=True)
             return
-        self.run(["iptables", "-A", "INPUT", "-i", "eth0", "-m", "statistic", "--mode",
+        self.run([tool("iptables"), "-A", "INPUT", "-i", "eth0", "-m", "statistic", "--mode",
                   "random", "--probability", f"{loss:g}", "-j", "DROP"]).check_returncode()
         self.relay.latency = delay
 
@@ -283,7 +288,7 @@ class Host:
         not count them here)."""
         if self.relay is None:
             return 0
-        listing = self.run(["iptables", "-L", "INPUT", "-v", "-x", "-n"])
+        listing = self.run([tool("iptables"), "-L", "INPUT", "-v", "-x", "-n"])
         for line in listing.stdout.splitlines():
             if "statistic" in line:
                 return int(line.split()[0])
