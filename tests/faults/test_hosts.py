@@ -199,8 +199,13 @@ def test_a_host_back_after_its_tasks_were_taken_over_rejoins_and_claims_again(
             wait_until(lambda: taken_over(others, task_id), timeout=30,
                        message=f"another host to take {task_id} over")
         taken_after = max(taken_over(others, task_id) for task_id in held) - cut_wall
-        wait_until(lambda: cut_off.http_status(first.metrics_port, "/healthz") == 503,
-                   timeout=30, message="the cut-off host's /healthz to fail")
+        answers = []  # what /healthz said before it failed
+
+        def unhealthy() -> bool:
+            answers.append(cut_off.http_status(first.metrics_port, "/healthz"))
+            return answers[-1] == 503
+
+        wait_until(unhealthy, timeout=30, message="the cut-off host's /healthz to fail")
         unhealthy_after = time.monotonic() - began
         wait_until(lambda: state() == "lost", timeout=30, message="the registry to say lost")
         lost_after = time.monotonic() - began
@@ -228,7 +233,8 @@ def test_a_host_back_after_its_tasks_were_taken_over_rejoins_and_claims_again(
     report = audit(read_runs(log), ids, ended_by={},
                    explained=lambda run: run["pid"] in first.child_pids)
     print(f"\nhost back: cut off {healed - began:.1f} s; its tasks taken over "
-          f"{taken_after:.1f} s after the cut, its /healthz 503 (seen from the host) after "
+          f"{taken_after:.1f} s after the cut, its /healthz (asked from the host) "
+          f"{sorted(set(answers[:-1]))} then 503 after "
           f"{unhealthy_after:.1f} s, lost in the registry after {lost_after:.1f} s; after the "
           f"heal: running in the registry again after {back_after:.1f} s, /healthz 200 after "
           f"{healthy_after:.1f} s, a new task completed after {claimed_after:.1f} s "
