@@ -336,14 +336,6 @@ class Lab:
         return self.start_daemon(name or host.hostname, dsn=host.dsn(self.dbname),
                                  prefix=host.prefix, **kwargs)
 
-    def start_all(self, hosts: list[Host], **kwargs) -> list:
-        """A daemon on each host, started at once (booting them one after the other costs a
-        second or two each on two cores); returns when every one is ready."""
-        daemons = [self.start(host, wait_ready=False, **kwargs) for host in hosts]
-        for daemon in daemons:
-            daemon.wait_for("supervisor_ready", timeout=60)
-        return daemons
-
 
 @pytest.fixture
 def host_lab(host_network, tmp_path):
