@@ -2,14 +2,16 @@
 each, and a fault on one host's link only, while the others work on.
 
 11. One host's link goes down past its lease, then comes back. The others take its tasks
-    over once their leases run out; what it sent meanwhile reaches PostgreSQL after the heal
-    (TCP retransmits it) and none of it lands: the rows keep the others' results.
+    over once their leases run out; the completions it sent meanwhile reach PostgreSQL after
+    the heal (retransmitted by TCP, or retried by the worker on a new connection) and the
+    ownership check refuses them: the rows keep the others' results.
 12. One host's link delays what reaches it by 300 ms and drops 10% of it; the others run at
-    full speed. Every task completes, the slow host's leases are renewed through the slow
-    link, and no two runs of a task overlap.
+    full speed. Every task completes and no two runs of a task overlap. The slow host's
+    long tasks live on renewals sent through the slow link; one whose renewal comes back
+    too late is given up by the worker's own clock, so its run stops before it runs again.
 13. One host is cut off until the registry calls it lost, while the others take its tasks
-    over. When its link comes back it reconnects,
-    shows as running again, and claims and completes new work beside the others.
+    over. When its link comes back it reconnects, shows as running again, and claims and
+    completes new work beside the others.
 
 Every execution is recorded outside the database (tests/handlers/timed_handlers.py, on the
 machine's monotonic clock, which every namespace shares): afterwards no task is lost, no
