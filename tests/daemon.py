@@ -12,6 +12,7 @@ Nothing here is mocked: real processes, real signals, real PostgreSQL.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -155,8 +156,12 @@ class DaemonExited(AssertionError):
 
 
 class Daemon:
-    def __init__(self, base_dir: Path, dsn: str, *, name: str = "daemon", **overrides: Any):
+    def __init__(self, base_dir: Path, dsn: str, *, name: str = "daemon",
+                 prefix: list[str] | None = None, **overrides: Any):
+        """``prefix``: a command the daemon runs under, which execs it in place (``ip netns
+        exec NS`` for a host of tests/hosts.py), so that its pid is still the daemon's."""
         self.name = name
+        self.prefix = list(prefix or [])
         self.dir = Path(base_dir) / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.dir / "pgtaskd.yaml"
@@ -194,6 +199,13 @@ class Daemon:
         listen = self.tree.get("metrics", {}).get("listen") or ""
         return int(listen.rpartition(":")[2]) if listen else None
 
+    @property
+    def metrics_host(self) -> str:
+        """Where this process reaches the endpoint: the address it listens on, or loopback
+        for a wildcard."""
+        host = (self.tree.get("metrics", {}).get("listen") or "").rpartition(":")[0]
+        return "127.0.0.1" if host in ("", "0.0.0.0") else host
+
     # -- process ----------------------------------------------------------------------------
 
     def start(self, *, wait_ready: bool = True, timeout: float = 30.0,
@@ -217,7 +229,8 @@ class Daemon:
         self._log_file = open(self.log_path, "ab")
         self.started_wall = time.time()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "supervisor.cli", "run", "-c", str(self.config_path)],
+            self.prefix + [sys.executable, "-m", "supervisor.cli", "run",
+                           "-c", str(self.config_path)],
             stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=self._log_file,
             env=env, cwd=str(self.dir), start_new_session=True,
             # setrlimit between fork and exec is async-signal-safe, so preexec_fn is fine here.
@@ -369,7 +382,7 @@ class Daemon:
         port = self.metrics_port
         assert port, "metrics.listen is off in this daemon's config"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}",
+            with urllib.request.urlopen(f"http://{self.metrics_host}:{port}{path}",
                                         timeout=timeout) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as exc:
@@ -414,22 +427,32 @@ def _matches(event: dict, fields: dict) -> bool:
 # -- fixtures (test modules load them with pytest_plugins = ["daemon"]) ---------------------
 
 
-@pytest.fixture
-def start_daemon(tmp_path, db_dsn):
-    """Start daemons for a test; every one of them, their children and the children's process
-    groups die at teardown."""
+@contextlib.contextmanager
+def daemon_starter(base_dir: Path, default_dsn: str):
+    """A function that starts daemons, for as long as the block runs; at its end every one of
+    them, their children and the children's process groups die."""
     started: list[Daemon] = []
 
     def start(name: str = "daemon", *, dsn: str | None = None, wait_ready: bool = True,
               env: dict[str, str] | None = None, nofile: tuple[int, int] | None = None,
-              **overrides) -> Daemon:
-        daemon = Daemon(tmp_path, dsn or db_dsn, name=name, **overrides)
+              prefix: list[str] | None = None, **overrides) -> Daemon:
+        daemon = Daemon(base_dir, dsn or default_dsn, name=name, prefix=prefix, **overrides)
         started.append(daemon)
         daemon.start(wait_ready=wait_ready, env=env, nofile=nofile)
         return daemon
 
-    yield start
-    for daemon in started:
-        daemon.kill()
-    for daemon in started:
-        print(daemon.log_tail(150))  # shown by pytest only when the test failed
+    try:
+        yield start
+    finally:
+        for daemon in started:
+            daemon.kill()
+        for daemon in started:
+            print(daemon.log_tail(150))  # shown by pytest only when the test failed
+
+
+@pytest.fixture
+def start_daemon(tmp_path, db_dsn):
+    """Start daemons for a test; every one of them, their children and the children's process
+    groups die at teardown."""
+    with daemon_starter(tmp_path, db_dsn) as start:
+        yield start

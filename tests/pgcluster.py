@@ -1,7 +1,9 @@
 """A throwaway PostgreSQL that a test run starts, stops and restarts itself.
 
 The binaries come from the ``pgserver`` wheel (the embedded default) or, without it, from the
-``initdb`` on PATH. It listens on a free port on 127.0.0.1 only. PostgreSQL refuses to run as
+``initdb`` on PATH. It listens on a free port on 127.0.0.1, and on any other address of this
+machine a test created and names in ``listen`` (a bridge's, for network-namespace hosts,
+whose subnets it then trusts). PostgreSQL refuses to run as
 root, so under root the cluster belongs to an unprivileged ``pgserver`` user (the same user
 pgserver itself creates). Tests that stop the database use their own instance of this class,
 never the machine's server.
@@ -42,11 +44,14 @@ def free_port() -> int:
 
 class ThrowawayPostgres:
     def __init__(self, base_dir: Path | None = None, port: int | None = None, *,
-                 durable: bool = False):
+                 durable: bool = False, listen: tuple[str, ...] = (),
+                 trusted_networks: tuple[str, ...] = ()):
         # Not durable (the default, for speed): an immediate stop may lose the last commits
         # a client was told had landed. A test that stops the server in immediate mode and
         # counts what was lost needs durable commits, as in production.
         self.durable = durable
+        self.listen = ("127.0.0.1", *listen)
+        self.trusted_networks = trusted_networks  # CIDRs whose clients log in without password
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="pgtaskd-pg-"))
         self.data_dir = self.base_dir / "data"
         self.socket_dir = self.base_dir / "sock"
@@ -61,8 +66,8 @@ class ThrowawayPostgres:
                 subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", SERVICE_USER],
                                check=True, capture_output=True)
 
-    def dsn(self, dbname: str = "postgres") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+    def dsn(self, dbname: str = "postgres", host: str = "127.0.0.1") -> str:
+        return f"postgresql://postgres@{host}:{self.port}/{dbname}"
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.bin_dir / args[0]), *args[1:]], check=check,
@@ -93,9 +98,15 @@ class ThrowawayPostgres:
         if not (self.data_dir / "PG_VERSION").exists():
             self._run("initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust",
                       "--encoding=UTF8", "--no-sync")
+        if self.trusted_networks:
+            hba = self.data_dir / "pg_hba.conf"
+            lines = "".join(f"host all all {net} trust\n" for net in self.trusted_networks)
+            with open(hba, "a") as handle:
+                handle.write(lines)
 
     def start(self, timeout: float = 60) -> None:
-        options = (f"-p {self.port} -k {self.socket_dir} -c listen_addresses=127.0.0.1 "
+        options = (f"-p {self.port} -k {self.socket_dir} "
+                   f"-c listen_addresses={','.join(self.listen)} "
                    "-c fsync=off -c full_page_writes=off "
                    f"-c synchronous_commit={'on' if self.durable else 'off'} "
                    "-c max_connections=300 -c shared_buffers=128MB")

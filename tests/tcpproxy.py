@@ -29,11 +29,11 @@ import time
 
 
 class TcpProxy:
-    def __init__(self, target_host: str, target_port: int):
+    def __init__(self, target_host: str, target_port: int, *, listen_host: str = "127.0.0.1"):
         self.target = (target_host, target_port)
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
+        self._listener.bind((listen_host, 0))
         self._listener.listen(64)
         self._listener.settimeout(0.1)
         self.port = self._listener.getsockname()[1]

@@ -18,6 +18,8 @@ import sys
 import threading
 from typing import Callable
 
+from psycopg_pool import ConnectionPool, PoolTimeout
+
 from .. import proctitle
 from ..channel import Link
 from ..claim_board import ClaimBoard
@@ -31,6 +33,9 @@ from .loop import Worker
 from .pools import open_pool
 from ..process_tree import become_subreaper
 from .registry import load_handlers
+
+# The longest a child waits for its pool's first connection in one try.
+MAX_POOL_PATIENCE = 60.0
 
 
 def make_worker_id(pool: str, slot: int) -> str:
@@ -76,12 +81,16 @@ def run_worker(config, *, pool_name: str, slot: int, dsn: str, channel: Link,
         return EXIT_OK
     name = f"pgtaskd {pool_name}#{slot}"
     # A concurrent child's failures and cancellations are written by several threads at once.
-    pool = open_pool(dsn, connect_timeout=config.database.connect_timeout, name=name,
-                     application_name=worker_application_name(worker_id),
-                     pooled=config.database.transaction_pooler,
-                     max_size=2 if pool_config.concurrency == 1 else 2 + SETTLING_THREADS)
+    pool = open_when_reachable(
+        lambda: open_pool(dsn, connect_timeout=config.database.connect_timeout, name=name,
+                          application_name=worker_application_name(worker_id),
+                          pooled=config.database.transaction_pooler,
+                          max_size=2 if pool_config.concurrency == 1 else 2 + SETTLING_THREADS),
+        config.database.connect_timeout, stop_event, channel, worker_id=worker_id,
+        pool_name=pool_name)
+    if pool is None:
+        return EXIT_OK
     try:
-        pool.open(wait=True, timeout=max(config.database.connect_timeout, 1.0))
         # Under a supervisor, it renews the leases; on its own (pgtaskd worker), a keeper
         # thread of this process does.
         board = None if board_fd is None else ClaimBoard(board_fd, pool_config.board_slots)
@@ -133,6 +142,34 @@ def wait_for_database(dsn: str, connect_timeout: float, stop_event: threading.Ev
             stop_event.wait(delay)
             delay = min(delay * 2, 10.0)
     return False
+
+
+def open_when_reachable(make_pool: Callable[[], ConnectionPool], connect_timeout: float,
+                        stop_event: threading.Event, channel: Link, *, worker_id: str,
+                        pool_name: str) -> ConnectionPool | None:
+    """The child's pool, open with its first connection made and configured; None if asked
+    to stop first.
+
+    That takes a connection and then a few statements more, so on a slow path it can take
+    longer than connect_timeout even where a bare connection (wait_for_database) made it in
+    time. It is tried again, with twice the patience each time (at most a minute), as for a
+    database that is down: exiting would only spin the supervisor's restart loop and every
+    replacement would fail alike."""
+    patience = max(connect_timeout, 1.0)
+    warned = False
+    while not stop_event.is_set():
+        pool = make_pool()
+        try:
+            pool.open(wait=True, timeout=patience)
+            return pool
+        except PoolTimeout as exc:  # the pool closed itself
+            if not warned:
+                emit("db_unreachable", logging.ERROR, worker_id=worker_id, pool=pool_name,
+                     error=str(exc))
+                channel.send("waiting_db", error=str(exc)[:500])
+                warned = True
+            patience = min(patience * 2, MAX_POOL_PATIENCE)
+    return None
 
 
 PR_SET_PDEATHSIG = 1

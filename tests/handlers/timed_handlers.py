@@ -44,10 +44,14 @@ def holds_the_gil(task):
 
 
 def works(task):
-    """Runs ``payload.seconds``, checking at safe points: once the task is no longer its
-    own (cancelled, or its lease lapsed by the worker's clock) it logs its end and stops."""
+    """Runs ``payload.seconds`` (a retry: ``payload.retry_seconds`` if given), checking at
+    safe points: once the task is no longer its own (cancelled, or its lease lapsed by the
+    worker's clock) it logs its end and stops."""
     _log(task, "start")
-    deadline = time.monotonic() + float(task.payload.get("seconds", 1))
+    seconds = task.payload.get("seconds", 1)
+    if task.retry_count and "retry_seconds" in task.payload:
+        seconds = task.payload["retry_seconds"]
+    deadline = time.monotonic() + float(seconds)
     try:
         while time.monotonic() < deadline:
             task.raise_if_cancelled()
