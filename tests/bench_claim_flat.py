@@ -35,8 +35,9 @@ its own: the same number of calls, each committed as the worker's are.
 
 Each round times ``--claims`` claims of one and of ten, and the staging calls, the baseline's
 and the case's taking turns call by call, so that the ratio compares figures taken under the
-same load on a machine whose load changes. Per case and round it prints median and p95 in ms and the ratio
-of the medians to the baseline's; at the end, for each case, the median over the rounds.
+same load on a machine whose load changes. Per case and round it prints median and p95 in ms
+and the ratio of the medians to the baseline's; at the end, for each case, the median over
+the rounds.
 ``--explain`` prints, once per case, EXPLAIN (ANALYZE, BUFFERS) of the generic plan of a
 claim of one.
 """
@@ -237,7 +238,13 @@ def main() -> None:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         parser.error(f"--cases: no case {', '.join(unknown)} (known: {', '.join(CASES)})")
-    dsn = os.environ["PGTASKD_DSN"]
+    for name, value, least in [("--claims", args.claims, 2), ("--rounds", args.rounds, 1),
+                               ("--finished", args.finished, 0)]:
+        if value < least:
+            parser.error(f"{name}: {value} is less than {least}")
+    dsn = os.environ.get("PGTASKD_DSN")
+    if not dsn:
+        parser.error("PGTASKD_DSN is not set: the database to make the scratch schemas in")
     summary = []
     with scratch_schema(dsn, keep=args.keep) as base_dsn, \
             scratch_schema(dsn, keep=args.keep) as case_dsn:
