@@ -106,8 +106,11 @@ pending AS (
         CROSS JOIN LATERAL (
             SELECT t.id, t.scheduled_time, t.created_at FROM tasks AS t
             WHERE t.status = 'PENDING' AND t.staged AND t.task_type = wanted.task_type
-              AND t.priority = levels.priority
-            ORDER BY t.scheduled_time, t.created_at
+              -- A range, not "=", and the index's order in full: with an equality the
+              -- order is time alone, which the due-time index gives too, and the generic
+              -- plan could read the level there, every older due row of any level first.
+              AND t.priority >= levels.priority AND t.priority <= levels.priority
+            ORDER BY t.priority DESC, t.scheduled_time, t.created_at
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED) AS level_rows
         ORDER BY level_rows.scheduled_time, level_rows.created_at
@@ -293,8 +296,11 @@ pending AS (
         CROSS JOIN LATERAL (
             SELECT t.id, t.scheduled_time, t.created_at FROM tasks AS t
             WHERE t.status = 'PENDING' AND t.staged AND t.task_type = wanted.task_type
-              AND t.priority = levels.priority
-            ORDER BY t.scheduled_time, t.created_at
+              -- A range, not "=", and the index's order in full: with an equality the
+              -- order is time alone, which the due-time index gives too, and the generic
+              -- plan could read the level there, every older due row of any level first.
+              AND t.priority >= levels.priority AND t.priority <= levels.priority
+            ORDER BY t.priority DESC, t.scheduled_time, t.created_at
             LIMIT least(%(limit)s, wanted.cap)
             FOR UPDATE SKIP LOCKED) AS level_rows
         ORDER BY level_rows.scheduled_time, level_rows.created_at

@@ -164,8 +164,8 @@ GENERIC_SKEWS = [
 ROWS_MARGIN = 6
 
 
-def executor_rows(conn, params: dict) -> int:
-    """Rows every node of the generic plan of complete_and_claim produced or filtered out,
+def executor_rows(conn, params: dict, name: str = "complete_and_claim") -> int:
+    """Rows every node of the generic plan of the claim produced or filtered out,
     over all its loops: what the executor did, whatever the machine's speed. Prepared anew,
     so that the plan follows the statistics of the moment."""
     names: list[str] = []
@@ -175,7 +175,7 @@ def executor_rows(conn, params: dict) -> int:
             names.append(match[1])
         return f"${names.index(match[1]) + 1}"
 
-    text = re.sub(r"%\((\w+)\)s", placeholder, QUERIES["complete_and_claim"]).replace("%%", "%")
+    text = re.sub(r"%\((\w+)\)s", placeholder, QUERIES[name]).replace("%%", "%")
     conn.execute("SET plan_cache_mode = force_generic_plan")
     conn.execute("DEALLOCATE ALL")
     conn.execute("PREPARE claim AS " + text)
@@ -215,6 +215,28 @@ def test_the_workers_claim_does_no_more_work_on_a_skewed_table(conn, limit):
     claimed = [r for r in conn.execute(QUERIES["complete_and_claim"], params).fetchall()
                if r[0] is False]
     assert len(claimed) == limit and all(r[1].startswith("due") for r in claimed)
+
+
+@pytest.mark.parametrize("name", ["complete_and_claim", "complete_and_claim_limited"])
+@pytest.mark.parametrize("limit", [1, 10])
+def test_the_workers_claim_reads_no_older_backlog_below_a_newer_level(conn, limit, name):
+    """A due backlog at priority 0, then a few newer due tasks at priority 5, on a table
+    whose statistics (50,000 live leases at 9) made the generic plan read a level's rows
+    through the due-time index: in time order, every row of the older backlog before the
+    level's own (20,046 rows for a claim of one)."""
+    add_due(conn, 20_000)
+    conn.execute(SKEWS["running_live_leases"], {"n": 50_000, "from": 1})
+    conn.execute("ANALYZE tasks")
+    params = claim_params(limit)
+    baseline = executor_rows(conn, params, name)
+    add_due(conn, 10, priority=5, prefix="newer")
+    conn.execute("ANALYZE tasks")
+    measured = executor_rows(conn, params, name)
+    print(f"\n{name} of {limit}: {baseline} rows on the backlog, {measured} with a newer level")
+    assert measured <= baseline + ROWS_MARGIN, (baseline, measured)
+    claimed = [r for r in conn.execute(QUERIES[name], params).fetchall()
+               if r[0] is False]
+    assert len(claimed) == limit and all(r[1].startswith("newer") for r in claimed)
 
 
 @pytest.mark.parametrize("limit", [1, 10])
