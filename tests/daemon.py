@@ -53,6 +53,7 @@ HANDLER_TYPES = {
     "stops_itself": "timed_handlers:stops_itself",
     "sleeps_async": "timed_handlers:sleeps_async",
     "works_async": "timed_handlers:works_async",
+    "gated_async": "timed_handlers:gated_async",
     "chatty": "timed_handlers:chatty",
     "chatty_async": "timed_handlers:chatty_async",
 }

@@ -25,6 +25,7 @@ from pathlib import Path
 from ..client import Client
 from ..config import DSN_ENV
 from ..db import store
+from ..db.connect import worker_application_name
 from ..errors import OperationalError
 from .bench_database import CHUNK, Options, any_tasks_left, noop_tasks, tasks_left
 
@@ -111,14 +112,16 @@ class BenchDaemon:
                                    f"see {self.log_path}")
 
     def wait_booted(self, conn) -> None:
-        """Every worker holds a connection named ``pgtaskd HOST:PID:bench#N`` once it booted
-        (db.connect.worker_application_name)."""
+        """Every worker holds a connection named after its worker id once it booted
+        (worker_application_name): host, pid, pool and slot."""
         deadline = time.monotonic() + BOOT_PATIENCE
         while time.monotonic() < deadline:
+            prefixes = [_like_prefix(worker_application_name(f"{socket.gethostname()}:{pid}:"))
+                        for pid in _children_of(self.process.pid)]
             booted = conn.execute(
                 "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
-                "WHERE application_name LIKE 'pgtaskd %%:bench#%%' AND datname = current_database()"
-            ).fetchone()[0]
+                "WHERE application_name LIKE ANY(%s) AND datname = current_database()",
+                (prefixes,)).fetchone()[0]
             if booted >= self.options.processes:
                 # Let the children settle into their idle wait.
                 time.sleep(0.5)
@@ -131,6 +134,11 @@ class BenchDaemon:
     def pids(self) -> dict[str, list[int]]:
         children = _children_of(self.process.pid)
         return {"supervisor": [self.process.pid], "workers": children}
+
+
+def _like_prefix(text: str) -> str:
+    """A LIKE pattern for what starts with ``text`` (a host name may hold an underscore)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def _children_of(pid: int) -> list[int]:

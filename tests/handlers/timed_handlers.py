@@ -86,6 +86,15 @@ async def sleeps_async(task):
     _log(task, "end")
 
 
+async def gated_async(task):
+    """``gated`` for an event loop: waits for the file ``payload.gate`` (at most 30 s)."""
+    _log(task, "start")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(task.payload["gate"]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    _log(task, "end")
+
+
 async def works_async(task):
     """``works`` for an event loop: checks at safe points and stops once the task is no
     longer its own."""

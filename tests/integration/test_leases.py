@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from conftest import make_config, wait_until
+from supervisor.channel import Link, socket_pair
 from supervisor.config import RetryConfig
+from supervisor.daemon.children import Child
 from supervisor.db import store
+from supervisor.lease_keeper import Held, LeaseKeeper
+from supervisor.lease_timing import stop_margin
+from supervisor.worker.leases import SupervisedLeases
 from worker_fixtures import add_task, expire_lease, looping, task_row
 
 pytest_plugins = ["worker_fixtures"]
@@ -155,6 +161,81 @@ def test_a_running_handler_learns_of_a_takeover_within_one_renew_interval(conn, 
     assert (stored["status"], stored["claimed_by"]) == ("RUNNING", "worker-2")
     assert stored["lease_token"] == taken["lease_token"]
     assert events.of("lease_lost"), events.names()
+
+
+class _LinkedChild:
+    """The supervisor's view of one child, as far as its lease keeper needs: the renewal
+    message is the daemon's own (Child.renewed); each end sent is kept for the test."""
+    label = "default#1"
+
+    def __init__(self, link: Link):
+        self.link = link
+        self.sent: list[float] = []
+
+    def alive(self) -> bool:
+        return True
+
+    def renewed(self, tokens: list[int], expires_at: float) -> None:
+        Child.renewed(self, tokens, expires_at)
+        self.sent.append(expires_at)
+
+    def lost(self, token: int, reason: str) -> bool:
+        return Child.lost(self, token, reason)
+
+
+def test_a_renewal_that_shortens_the_lease_ends_the_handlers_view_of_it(conn, db_dsn,
+                                                                       make_worker):
+    """Issue 14, item 1: the child claimed under a 30 s lease; its supervisor renews it with
+    3 s (claims made under a shorter lease, a reload apart), then no more (its connection
+    stalled). The child must take the end the renewal wrote, not keep its own longer one:
+    is_cancelled() turns true stop_margin before that end (so before the end written in the
+    database, which the renewal started at its now()), not earlier. A child that only ever
+    lengthened its view (Task.extend) believed it owned the task for 27 s more."""
+    config = make_config(db_dsn, lease={"seconds": 30, "renew_interval": 10})
+    margin = stop_margin(config.lease.seconds)
+    checks: list[tuple[float, bool]] = []
+    lost = threading.Event()
+
+    def watch(task):
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            cancelled = task.is_cancelled()
+            checks.append((time.monotonic(), cancelled))
+            if cancelled:
+                lost.set()
+                return
+            time.sleep(0.01)
+
+    supervisor_sock, child_sock = socket_pair()
+    supervisor = Link(supervisor_sock, blocking=False)
+    child = _LinkedChild(supervisor)
+    worker = make_worker(config, handlers={"watch": watch},
+                         leases=lambda w: SupervisedLeases(Link(child_sock, blocking=True), w,
+                                                           pool_name="default"))
+    keeper = LeaseKeeper(db_dsn, renew_interval=10, retry=config.retry)
+    keeper.start()
+    add_task(conn, "t1", "watch")
+    try:
+        with looping(worker):
+            (claimed,) = wait_until(
+                lambda: [m for m in supervisor.receive()[0] if m["kind"] == "claimed"],
+                message="the child's claim")
+            ((task_id, token, task_type),) = claimed["claims"]
+            keeper.hold([Held(task_id, token, task_type, "worker-1", "default", holder=child,
+                              lease_seconds=3, renew_interval=2)])
+            # Dropped at once: the next renewal would be due a second later.
+            wait_until(lambda: child.sent, message="the shorter renewal")
+            keeper.drop([token])
+            (written,) = child.sent
+            assert conn.execute("SELECT lease_until - now() < interval '3.1 seconds' FROM tasks"
+                                " WHERE id = 't1'").fetchone()[0], "the renewal did not shorten"
+            assert lost.wait(12), "the handler never saw the shortened lease end"
+    finally:
+        keeper.stop()
+    first_true = next(at for at, cancelled in checks if cancelled)
+    assert all(not cancelled for at, cancelled in checks if at < written - margin)
+    assert written - margin <= first_true < written - margin + 0.3, \
+        (first_true - (written - margin))
 
 
 def test_lease_renewal_moves_lease_until_forward_while_the_handler_runs(conn, db_dsn, make_worker,

@@ -58,3 +58,26 @@ def test_bench_refuses_bad_arguments_in_one_line(db_dsn):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "--batch-size" in result.stderr
+
+
+def test_bench_drains_waiting_handlers_concurrently(db_dsn):
+    """Issue 16.6: --work-ms with --concurrency, plain and --async. The drain ends only once
+    every task is COMPLETED (else the command fails), and it must beat what the processes
+    could do one task at a time: 100 tasks of 20 ms on 2 processes take 1 s that way."""
+    tasks, work_ms, processes, concurrency = 100, 20, 2, 10
+    one_at_a_time = processes * 1000 / work_ms
+    for handler in ("plain", "async"):
+        result = run_bench(db_dsn, "--tasks", str(tasks), "--work-ms", str(work_ms),
+                           "--concurrency", str(concurrency), "--processes", str(processes),
+                           "--runs", "1", "--latency-samples", "0",
+                           *(["--async"] if handler == "async" else []))
+        assert result.returncode == 0, result.stderr[-2000:]
+        out = result.stdout
+        assert (f"{tasks} tasks, {processes} processes, batch size 1, concurrency "
+                f"{concurrency}, {handler} handlers waiting {work_ms} ms") in out, out
+        lines = {line[:34].strip(): line[34:] for line in out.splitlines()}
+        drained = float(lines["drain, real daemon"].split("/s")[0].replace(",", ""))
+        assert drained > 2 * one_at_a_time, out
+        assert lines["worker RSS per concurrent task"].strip().endswith(
+            f"over {concurrency} tasks at once)"), out
+        assert "run 1/1: drain" in result.stderr

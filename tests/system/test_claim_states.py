@@ -74,6 +74,51 @@ def test_a_stop_gives_the_waiting_claims_back_at_once(start_daemon, conn, tmp_pa
     assert task_row(conn, "head")["status"] == "COMPLETED"
 
 
+def test_a_shrink_gives_the_retired_childs_waiting_claims_back_at_once(start_daemon, conn,
+                                                                       tmp_path):
+    """SIGTTOU retires the pool's oldest child while the head of its batch runs: its head runs
+    on to the end (COMPLETED, no reload_timeout), the three claims waiting behind it go back
+    at once, free (max_retries 0), and the other child runs them. Both children hold a batch
+    with a gated head, so whichever is the oldest has claims waiting when it is retired."""
+    log, gate = tmp_path / "runs.log", tmp_path / "gate"
+    d = start_daemon(pools={"default": {"processes": 2, "batch_size": 4}})
+    spawned = d.find("worker_spawned", pool="default")
+    assert [e["slot"] for e in spawned] == [1, 2], spawned
+    oldest = spawned[0]["child_pid"]  # manage_workers shrinks the oldest first
+    batches = {"h1": ["a2", "a3", "a4"], "h2": ["b2", "b3", "b4"]}
+    add_batch(conn, log, gate, [(name, "gated" if name in batches else "sleeps")
+                                for head, waiting in batches.items()
+                                for name in [head, *waiting]])
+    heads = wait_until(lambda: {r["task_id"]: r["pid"] for r in read_runs(log)
+                                if r["task_id"] in batches} if len(read_runs(log)) == 2
+                       else None, message="both heads to start, one in each child")
+    assert sorted(heads.values()) == sorted(d.children()), heads
+    (retired_head,) = [head for head, pid in heads.items() if pid == oldest]
+    waiting = batches[retired_head]
+    mark = d.mark()
+    d.send(signal.SIGTTOU)
+    released = d.wait_for("batch_released", since=mark, reason="the worker is stopping",
+                          timeout=5)
+    assert (released["tasks"], released["released"]) == (3, 3), released
+    assert f":{oldest}:" in released["worker_id"], released
+    # Given back while the head they waited behind still runs, without spending a retry.
+    assert task_row(conn, retired_head)["status"] == "RUNNING"
+    for t in waiting:
+        row = task_row(conn, t)
+        assert (row["status"], row["retry_count"]) == ("PENDING", 0), row
+    gate.touch()
+    every = [name for head, rest in batches.items() for name in [head, *rest]]
+    wait_until(lambda: all(task_row(conn, t)["status"] == "COMPLETED" for t in every),
+               timeout=20, message="every task, the retired head too, to complete")
+    exited = d.wait_for("worker_exited", since=mark, child_pid=oldest, timeout=10)
+    assert exited["stopping"] == "shrink", exited
+    runs = {r["task_id"]: r["pid"] for r in read_runs(log)}
+    assert len(read_runs(log)) == len(every)  # none ran twice
+    assert runs[retired_head] == oldest
+    assert all(runs[t] != oldest for t in waiting), runs
+    assert [task_row(conn, t)["retry_count"] for t in every] == [0] * len(every)
+
+
 def test_claims_a_child_died_before_telling_of_go_back_free(start_daemon, conn, tmp_path):
     """A child killed between its claim's commit and its message: the supervisor never heard
     of the claim. The kill storm found whole batches FAILED by the reaper 30 s later without

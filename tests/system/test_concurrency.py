@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -185,3 +186,88 @@ def test_a_memory_limit_below_a_fresh_childs_size_recycles_after_a_task_not_at_b
     recycled = d.wait_for("worker_recycling", pid=first)
     assert "max_memory_mb" in recycled["reason"]
     assert len(d.find("worker_spawned")) <= 2
+
+
+# (gated type, quick type) of each runner kind: threads, or one event loop.
+RUNNERS = {"threads": ("gated", "sleeps"), "async": ("gated_async", "sleeps_async")}
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_a_pause_stops_new_runs_of_its_type_in_a_full_concurrent_child(start_daemon, conn,
+                                                                       tmp_path, runner):
+    """Issue 16.5: paused while 8 of its tasks run in one child and 4 more wait. The 8 finish
+    COMPLETED; from then on the child has room, and its claims take another type's tasks
+    but none of the paused type, though those are due and rank ahead (a claim that missed
+    the pause would have taken them first). Resumed, they run, each once."""
+    gated, quick = RUNNERS[runner]
+    log, gate = tmp_path / "runs.log", tmp_path / "gate"
+    d = start_daemon(pools={"io": {"processes": 1, "concurrency": 8}})
+    running = [f"p{i}" for i in range(8)]
+    waiting = [f"w{i}" for i in range(4)]
+    others = [f"o{i}" for i in range(4)]
+    payload = {"log": str(log), "gate": str(gate), "seconds": 0}
+    with conn.transaction():
+        for rank, name in enumerate(running + waiting):
+            add_task(conn, name, gated, payload, priority=100 - rank)
+    wait_until(lambda: {r["task_id"] for r in read_runs(log)} == set(running),
+               message="eight runs to start")
+    assert statuses(conn, waiting) == dict.fromkeys(waiting, "PENDING")  # no room for them
+    with Client(d.dsn) as client:
+        # The child is full: no claim of it is under way while the pause commits.
+        assert client.pause(gated)
+        paused_at = time.monotonic()
+        with conn.transaction():
+            for name in others:
+                add_task(conn, name, quick, payload, priority=0)
+        gate.touch()
+        wait_until(lambda: set(statuses(conn, running + others).values()) == {"COMPLETED"},
+                   timeout=20, message="the running tasks and the other type's to complete")
+        assert [(task_row(conn, n)["status"], task_row(conn, n)["attempts"])
+                for n in waiting] == [("PENDING", 0)] * len(waiting)
+        started_since = {r["task_id"] for r in read_runs(log) if r["start"] > paused_at}
+        assert started_since == set(others), started_since
+        assert client.resume(gated)
+    wait_until(lambda: set(statuses(conn, waiting).values()) == {"COMPLETED"}, timeout=10,
+               message="the paused type's waiting tasks to run once resumed")
+    runs = read_runs(log)
+    assert sorted(r["task_id"] for r in runs) == sorted(running + waiting + others)  # each once
+    assert len({r["pid"] for r in runs}) == 1
+    assert not d.find("loop_error") and not d.find("settle_failed")
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_a_unique_key_holds_while_its_task_runs_in_a_concurrent_child(start_daemon, conn,
+                                                                      tmp_path, runner):
+    """Issue 16.5: while the task holding key K runs in a child with room for 8, submitting
+    K again creates nothing (the holder's id, created False) though the child goes on
+    claiming other tasks; once it completed, K is free and a new task takes it. The two runs
+    with K never overlap."""
+    gated, quick = RUNNERS[runner]
+    log, gate = tmp_path / "runs.log", tmp_path / "gate"
+    d = start_daemon(pools={"io": {"processes": 1, "concurrency": 8}})
+    payload = {"log": str(log), "gate": str(gate), "seconds": 0}
+    with Client(d.dsn) as client:
+        first = client.submit(gated, payload, unique_key="K")
+        assert first.created
+        wait_until(lambda: read_runs(log), message="the task holding K to start")
+        again = [client.submit(quick, payload, unique_key="K") for _ in range(3)]
+        assert [(str(s), s.created) for s in again] == [(str(first), False)] * 3
+        # The child has room and claims: tasks without the key run meanwhile.
+        free = [client.submit(quick, payload) for _ in range(3)]
+        wait_until(lambda: set(statuses(conn, free).values()) == {"COMPLETED"},
+                   message="tasks without the key to run beside it")
+        assert task_row(conn, str(first))["status"] == "RUNNING"
+        keyed = conn.execute("SELECT count(*) FROM tasks WHERE unique_key = 'K'").fetchone()
+        assert keyed == (1,)
+        gate.touch()
+        wait_until(lambda: task_row(conn, str(first))["status"] == "COMPLETED",
+                   message="the task holding K to complete")
+        second = client.submit(quick, payload, unique_key="K")
+        assert second.created and str(second) != str(first)
+    wait_until(lambda: task_row(conn, str(second))["status"] == "COMPLETED",
+               message="the new task with K to complete")
+    keyed = sorted((r for r in read_runs(log) if r["task_id"] in (str(first), str(second))),
+                   key=lambda r: r["start"])
+    assert [r["task_id"] for r in keyed] == [str(first), str(second)], keyed
+    assert keyed[0]["end"] <= keyed[1]["start"], keyed
+    assert not d.find("loop_error")
