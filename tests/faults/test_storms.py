@@ -95,12 +95,22 @@ def test_a_kill_storm_on_batches_and_concurrent_children_charges_only_started_ru
     for run in runs:
         by_task.setdefault(run["task_id"], []).append(run)
     final = statuses(conn)
+    charged_pid = {task_id: int(worker_id.split(":")[-2]) for task_id, worker_id in conn.execute(
+        "SELECT task_id, worker_id FROM task_attempts WHERE outcome = 'crashed'").fetchall()}
+    # A claim is started when its child marks it so on its claim board, just before the
+    # handler's first line: a kill in between charges a run the handler never logged. A
+    # child has at most one such claim per thread (batches: the one it was starting; it
+    # marks none of its waiting claims), so each killed child may have that many.
+    unlogged: dict[int, int] = {}
     problems, charged_in_flight = [], 0
     for task_id in ids:
         task_runs = sorted(by_task.get(task_id, []), key=lambda r: r["start"])
         if final[task_id] == "COMPLETED":
             if len(task_runs) != 1 or task_runs[0]["end"] is None:
                 problems.append(f"{task_id}: COMPLETED after runs {task_runs}")
+        elif final[task_id] == "FAILED" and not task_runs \
+                and charged_pid.get(task_id) in killed:
+            unlogged[charged_pid[task_id]] = unlogged.get(charged_pid[task_id], 0) + 1
         elif final[task_id] == "FAILED":
             # Charged only for a run that started and was cut off by its child's death:
             # one run, in a killed child, that never logged its end (or logged it in the
@@ -114,7 +124,13 @@ def test_a_kill_storm_on_batches_and_concurrent_children_charges_only_started_ru
                 charged_in_flight += 1
         else:
             problems.append(f"{task_id}: {final[task_id]}")
+    room = {e["child_pid"]: 1 for e in daemons[0].find("worker_spawned")}
+    room.update({e["child_pid"]: 8 for e in daemons[1].find("worker_spawned")})
+    problems += [f"child {pid}: {count} claims charged without a run, room for {room.get(pid)}"
+                 for pid, count in unlogged.items() if count > room.get(pid, 0)]
     failed = sum(1 for status in final.values() if status == "FAILED")
+    print(f"\n{sum(unlogged.values())} FAILED in a killed child between its start mark and its "
+          f"handler's first line")
     print(f"\nkill storm on batches and threads: {len(ids)} tasks, {len(killed)} children "
           f"SIGKILLed in {elapsed:.1f} s, {len(runs)} runs, {failed} FAILED (each cut off "
           f"while running; {charged_in_flight} of them in the instant between its end and "
