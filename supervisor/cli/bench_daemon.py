@@ -67,23 +67,26 @@ def pickup(task) -> None:
 class BenchDaemon:
     """``pgtaskd run`` in a subprocess, on the bench schema, with one pool of no-op workers."""
 
-    def __init__(self, dsn: str, options: Options, workdir: Path):
+    def __init__(self, dsn: str, options: Options, workdir: Path, *, pool: str = "bench"):
         self.dsn = dsn
         self.options = options
-        self.config_path = workdir / f"bench-{uuid.uuid4().hex[:8]}.yaml"
+        # Its workers' connections are named "pgtaskd <pool>#<slot>": a pool name per daemon
+        # tells the daemons of a fleet apart in pg_stat_activity.
+        self.pool = pool
+        self.config_path = workdir / f"{pool}-{uuid.uuid4().hex[:8]}.yaml"
         drained = "waits_async" if options.async_handler else \
             ("waits" if options.work_ms else "noop")
         handlers = {"noop": f"supervisor.cli.bench_daemon:{drained}",
                     "pickup": "supervisor.cli.bench_daemon:pickup"}
         self.config_path.write_text(json.dumps({
             "handlers": {"path": str(workdir), "types": handlers},
-            "pools": {"bench": {"processes": options.processes,
+            "pools": {pool: {"processes": options.processes,
                                 "batch_size": options.batch_size,
                                 "concurrency": options.concurrency}},
             "metrics": {"listen": ""},
             "shutdown_timeout": 10,
         }))
-        self.log_path = workdir / "daemon.log"
+        self.log_path = workdir / f"{pool}.log"
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> "BenchDaemon":
@@ -110,15 +113,22 @@ class BenchDaemon:
             raise OperationalError(f"the bench daemon exited ({self.process.returncode}); "
                                    f"see {self.log_path}")
 
+    def booted(self, conn) -> bool:
+        """Every worker holds a connection named ``pgtaskd <pool>#N`` once it booted."""
+        return conn.execute(
+            "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
+            "WHERE application_name LIKE %s AND datname = current_database()",
+            (f"pgtaskd {self.pool}#%",)).fetchone()[0] >= self.options.processes
+
+    def stop(self) -> None:
+        """Ask it to stop, without waiting (a fleet asks all its daemons first)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
     def wait_booted(self, conn) -> None:
-        """Every worker holds a connection named ``pgtaskd bench#N`` once it booted."""
         deadline = time.monotonic() + BOOT_PATIENCE
         while time.monotonic() < deadline:
-            booted = conn.execute(
-                "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
-                "WHERE application_name LIKE 'pgtaskd bench#%%' AND datname = current_database()"
-            ).fetchone()[0]
-            if booted >= self.options.processes:
+            if self.booted(conn):
                 # Let the children settle into their idle wait.
                 time.sleep(0.5)
                 return
