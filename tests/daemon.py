@@ -155,6 +155,10 @@ class DaemonExited(AssertionError):
 
 
 class Daemon:
+    # Where the pgtaskd it runs is imported from: this checkout, or an older release's
+    # (tests/system/test_rolling_upgrade.py).
+    code_dir = REPO_DIR
+
     def __init__(self, base_dir: Path, dsn: str, *, name: str = "daemon", **overrides: Any):
         self.name = name
         self.dir = Path(base_dir) / name
@@ -213,7 +217,7 @@ class Daemon:
         # Edited handler code must never come from a stale .pyc written by an earlier child.
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            [str(self.code_dir)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         self._log_file = open(self.log_path, "ab")
         self.started_wall = time.time()
         self.process = subprocess.Popen(

@@ -35,8 +35,10 @@ from ..errors import OperationalError, UsageError
 from .bench_daemon import BOOT_PATIENCE, BenchDaemon, _cpu_seconds, measure_drain
 from .bench_database import Options, scratch_schema
 
-# What a daemon may hold at most (README, Connections): 8 + P, and a batch guard per child.
-SUPERVISOR_CONNECTIONS = 8
+# What a bench daemon may hold (README, Connections: 8 + P, less the scheduler's, since it has
+# no schedules): 7 + P. Counted in pg_stat_activity during a drain in batches of 10: 8 for
+# P = 2 (the lease keeper's opens with the first renewal, which a no-op drain never needs).
+SUPERVISOR_CONNECTIONS = 7
 _COUNTS = re.compile(r"[0-9,]+/[0-9,]+")
 # Gained less than this from doubling the daemons: the curve has flattened.
 FLAT_GAIN = 0.10
@@ -59,8 +61,7 @@ class FleetOptions:
                        runs=1, latency_samples=0)
 
     def connections_needed(self) -> int:
-        per_child = 2 if max(self.batch_sizes) > 1 else 1
-        return max(self.daemons) * (SUPERVISOR_CONNECTIONS + per_child * self.processes)
+        return max(self.daemons) * (SUPERVISOR_CONNECTIONS + self.processes)
 
 
 class Fleet:
