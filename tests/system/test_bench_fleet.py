@@ -46,10 +46,9 @@ def test_bench_fleet_drains_with_each_fleet_and_cleans_up(db_dsn):
 
 def test_bench_fleet_prints_the_curve(db_dsn):
     result = run_fleet_bench(db_dsn, "--daemons", "1", "--processes", "1", "--batch-size",
-                             "1,5", "--tasks", "200", "--runs", "1")
+                             "5", "--tasks", "100", "--runs", "1")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "drained/s" in result.stdout and "pg us/task" in result.stdout, result.stdout
-    assert "batch 1: still gaining" in result.stdout, result.stdout
     assert "batch 5: still gaining" in result.stdout, result.stdout
 
 
