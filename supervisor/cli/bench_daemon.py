@@ -160,7 +160,7 @@ def _rss_mib(pid: int) -> float | None:
     return None
 
 
-def _cpu_seconds(pid: int) -> float | None:
+def cpu_seconds(pid: int) -> float | None:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -173,7 +173,7 @@ def _process_groups(daemon: BenchDaemon, conn) -> dict[str, list[int]]:
     # The database's backends for this daemon, when the server runs on this host.
     rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
                         "AND application_name LIKE 'pgtaskd %%'").fetchall()
-    backends = [pid for (pid,) in rows if _cpu_seconds(pid) is not None]
+    backends = [pid for (pid,) in rows if cpu_seconds(pid) is not None]
     if backends:
         groups["postgres"] = backends
     return groups
@@ -188,7 +188,7 @@ def daemon_memory(daemon: BenchDaemon) -> dict[str, float | None]:
 
 def measure_drain(daemon: BenchDaemon, conn, options: Options, progress) -> dict:
     groups = _process_groups(daemon, conn)
-    cpu_before = {kind: sum(_cpu_seconds(p) or 0 for p in pids) for kind, pids in groups.items()}
+    cpu_before = {kind: sum(cpu_seconds(p) or 0 for p in pids) for kind, pids in groups.items()}
     started = time.monotonic()
     for offset in range(0, options.tasks, CHUNK):
         Client(conn).submit_many(noop_tasks(min(CHUNK, options.tasks - offset)))
@@ -205,7 +205,7 @@ def measure_drain(daemon: BenchDaemon, conn, options: Options, progress) -> dict
             next_report = now + PROGRESS_EVERY
         time.sleep(POLL)
     elapsed = time.monotonic() - started
-    cpu = {kind: round((sum(_cpu_seconds(p) or 0 for p in pids) - cpu_before[kind])
+    cpu = {kind: round((sum(cpu_seconds(p) or 0 for p in pids) - cpu_before[kind])
                        / options.tasks * 1e6, 1) for kind, pids in groups.items()}
     counts = store.count_by_status(conn)
     if counts.get("COMPLETED", 0) != options.tasks:

@@ -32,7 +32,7 @@ from ..config import Config
 from ..db.connect import connect, describe_target
 from ..db.session import database_dsn
 from ..errors import OperationalError, UsageError
-from .bench_daemon import BOOT_PATIENCE, BenchDaemon, _cpu_seconds, measure_drain
+from .bench_daemon import BOOT_PATIENCE, BenchDaemon, cpu_seconds, measure_drain
 from .bench_database import Options, scratch_schema
 
 # What a bench daemon may hold (README, Connections: 8 + P, less the scheduler's, since it has
@@ -114,11 +114,11 @@ def server_side_pids(conn) -> list[int]:
     for them and a lower one for autovacuum."""
     rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE pid = pg_backend_pid() "
                         "OR backend_type <> 'client backend'").fetchall()
-    return [pid for (pid,) in rows if _cpu_seconds(pid) is not None]
+    return [pid for (pid,) in rows if cpu_seconds(pid) is not None]
 
 
 def _cpu_of(pids: list[int]) -> float:
-    return sum(_cpu_seconds(pid) or 0 for pid in pids)
+    return sum(cpu_seconds(pid) or 0 for pid in pids)
 
 
 def _machine_ticks() -> tuple[int, int]:
