@@ -186,9 +186,12 @@ def daemon_memory(daemon: BenchDaemon) -> dict[str, float | None]:
             "worker_max_mib": max(workers) if workers else None}
 
 
+def _cpu_by_pid(groups: dict[str, list[int]]) -> dict[str, dict[int, float]]:
+    return {kind: {pid: cpu_seconds(pid) or 0 for pid in pids} for kind, pids in groups.items()}
+
+
 def measure_drain(daemon: BenchDaemon, conn, options: Options, progress) -> dict:
-    groups = _process_groups(daemon, conn)
-    cpu_before = {kind: sum(cpu_seconds(p) or 0 for p in pids) for kind, pids in groups.items()}
+    cpu_before = _cpu_by_pid(_process_groups(daemon, conn))
     started = time.monotonic()
     for offset in range(0, options.tasks, CHUNK):
         Client(conn).submit_many(noop_tasks(min(CHUNK, options.tasks - offset)))
@@ -205,8 +208,12 @@ def measure_drain(daemon: BenchDaemon, conn, options: Options, progress) -> dict
             next_report = now + PROGRESS_EVERY
         time.sleep(POLL)
     elapsed = time.monotonic() - started
-    cpu = {kind: round((sum(cpu_seconds(p) or 0 for p in pids) - cpu_before[kind])
-                       / options.tasks * 1e6, 1) for kind, pids in groups.items()}
+    # Read again, by pid: a process that appeared during the drain (a backend that replaced
+    # another, a child restarted) spent all its CPU in it. One that went is not counted.
+    cpu_after = _cpu_by_pid(_process_groups(daemon, conn))
+    cpu = {kind: round(sum(now - cpu_before.get(kind, {}).get(pid, 0)
+                           for pid, now in pids.items()) / options.tasks * 1e6, 1)
+           for kind, pids in cpu_after.items()}
     counts = store.count_by_status(conn)
     if counts.get("COMPLETED", 0) != options.tasks:
         raise OperationalError(f"drain ended with {counts}, not {options.tasks} COMPLETED")
