@@ -157,6 +157,10 @@ class DaemonExited(AssertionError):
 
 
 class Daemon:
+    # Where the pgtaskd it runs is imported from: this checkout, or an older release's
+    # (tests/system/test_rolling_upgrade.py).
+    code_dir = REPO_DIR
+
     def __init__(self, base_dir: Path, dsn: str, *, name: str = "daemon",
                  prefix: list[str] | None = None, **overrides: Any):
         """``prefix``: a command the daemon runs under, which execs it in place (``ip netns
@@ -226,7 +230,7 @@ class Daemon:
         # Edited handler code must never come from a stale .pyc written by an earlier child.
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            [str(self.code_dir)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         self._log_file = open(self.log_path, "ab")
         self.started_wall = time.time()
         self.process = subprocess.Popen(

@@ -41,6 +41,19 @@ def overlaps(runs: list[dict]) -> list[tuple[dict, dict]]:
     return found
 
 
+def most_at_once(runs: list[dict]) -> int:
+    """The largest number of runs open at one instant (an end before a start at a tie; an
+    unfinished run never ends)."""
+    edges = sorted([(run["start"], 1) for run in runs]
+                   + [(run["end"] if run["end"] is not None else float("inf"), -1)
+                      for run in runs], key=lambda edge: (edge[0], edge[1]))
+    most = current = 0
+    for _, step in edges:
+        current += step
+        most = max(most, current)
+    return most
+
+
 def audit(runs: list[dict], task_ids, *, ended_by: dict[int, float],
           explained: Callable[[dict], bool] | None = None) -> dict:
     """Check every recorded execution against what the faults explain.

@@ -25,7 +25,8 @@ from ..errors import EXIT_FAILURE, EXIT_USAGE, ConfigError, OperationalError, Us
 from .completion import add_completion_command
 from .output import OutputLost
 from .argument_types import (limit_value, non_negative_int, parse_age, parse_duration,
-                             parse_timestamp, parse_when, positive_int, work_milliseconds)
+                             parse_timestamp, parse_when, positive_int, positive_int_list,
+                             work_milliseconds)
 
 EPILOG = textwrap.dedent("""\
     examples:
@@ -172,6 +173,27 @@ def build_parser() -> argparse.ArgumentParser:
                             "default 1)")
     bench.add_argument("--async", dest="async_handler", action="store_true",
                        help="the drained handler is async def, run on each child's event loop")
+
+    fleet = _command(
+        commands, "bench-fleet", "measure throughput per added daemon",
+        "In a schema of its own on the configured database, drain --tasks no-op tasks with "
+        "fleets of 1, 2, 4 and 8 daemons (--daemons), each with --processes workers, at each "
+        "batch size, and print the curve: tasks a second, the CPU PostgreSQL's processes spent "
+        "per task (read from /proc when the server runs on this host), the cores it kept busy, "
+        "and where adding daemons stopped paying.",
+        "pgtaskd bench-fleet -c etc/pgtaskd.yaml\n"
+        "pgtaskd bench-fleet --daemons 1,2,4,8 --processes 2 --batch-size 1,10 --tasks 20000")
+    fleet.add_argument("--daemons", type=positive_int_list, default=(1, 2, 4, 8),
+                       metavar="N,N,...", help="the fleet sizes, in order (default 1,2,4,8)")
+    fleet.add_argument("--processes", type=positive_int, default=2, metavar="N",
+                       help="worker processes of each daemon (default 2)")
+    fleet.add_argument("--batch-size", type=positive_int_list, default=(1, 10),
+                       metavar="N,N,...", help="tasks claimed per statement, each measured "
+                                               "(default 1,10)")
+    fleet.add_argument("--tasks", type=positive_int, default=20_000, metavar="N",
+                       help="tasks drained at each point (default 20000)")
+    fleet.add_argument("--runs", type=positive_int, default=3, metavar="N",
+                       help="how many runs; the median is reported (default 3)")
 
     web = commands.add_parser(
         "web", help="run the web console (or hash a password for its config)",
@@ -492,7 +514,8 @@ def main(argv=None) -> int:
 
 # Which module holds each command's cmd_* function.
 _COMMAND_MODULES = {
-    **dict.fromkeys(["run", "worker", "migrate", "check-config", "bench"], "daemon_commands"),
+    **dict.fromkeys(["run", "worker", "migrate", "check-config", "bench", "bench-fleet"],
+                   "daemon_commands"),
     **dict.fromkeys(["submit", "cancel", "retry", "show", "list", "stats"], "task_commands"),
     "purge": "bulk_commands",
     **dict.fromkeys(["pause", "resume", "limit", "limits", "schedules"], "fleet_commands"),

@@ -94,6 +94,27 @@ def int_at_least(minimum: int):
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 
+MAX_LIST_ITEMS = 16
+
+
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """An argparse type: ``1,2,4,8``, whole numbers of at least 1, each once, rising."""
+    values = []
+    for item in text.split(","):
+        try:
+            value = int(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{quote(item)} in {quote(text)} is not a whole "
+                                             f"number") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be at least 1, got {value} in {quote(text)}")
+        values.append(value)
+    if values != sorted(set(values)):
+        raise argparse.ArgumentTypeError(f"must rise, each number once, got {quote(text)}")
+    if len(values) > MAX_LIST_ITEMS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_LIST_ITEMS} numbers, got {len(values)}")
+    return tuple(values)
+
 
 MAX_WORK_MS = 60_000.0
 

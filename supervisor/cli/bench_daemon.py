@@ -68,23 +68,26 @@ def pickup(task) -> None:
 class BenchDaemon:
     """``pgtaskd run`` in a subprocess, on the bench schema, with one pool of no-op workers."""
 
-    def __init__(self, dsn: str, options: Options, workdir: Path):
+    def __init__(self, dsn: str, options: Options, workdir: Path, *, pool: str = "bench"):
         self.dsn = dsn
         self.options = options
-        self.config_path = workdir / f"bench-{uuid.uuid4().hex[:8]}.yaml"
+        # Its workers' connections are named "pgtaskd <pool>#<slot>": a pool name per daemon
+        # tells the daemons of a fleet apart in pg_stat_activity.
+        self.pool = pool
+        self.config_path = workdir / f"{pool}-{uuid.uuid4().hex[:8]}.yaml"
         drained = "waits_async" if options.async_handler else \
             ("waits" if options.work_ms else "noop")
         handlers = {"noop": f"supervisor.cli.bench_daemon:{drained}",
                     "pickup": "supervisor.cli.bench_daemon:pickup"}
         self.config_path.write_text(json.dumps({
             "handlers": {"path": str(workdir), "types": handlers},
-            "pools": {"bench": {"processes": options.processes,
+            "pools": {pool: {"processes": options.processes,
                                 "batch_size": options.batch_size,
                                 "concurrency": options.concurrency}},
             "metrics": {"listen": ""},
             "shutdown_timeout": 10,
         }))
-        self.log_path = workdir / "daemon.log"
+        self.log_path = workdir / f"{pool}.log"
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> "BenchDaemon":
@@ -111,18 +114,25 @@ class BenchDaemon:
             raise OperationalError(f"the bench daemon exited ({self.process.returncode}); "
                                    f"see {self.log_path}")
 
-    def wait_booted(self, conn) -> None:
+    def booted(self, conn) -> bool:
         """Every worker holds a connection named after its worker id once it booted
         (worker_application_name): host, pid, pool and slot."""
+        prefixes = [_like_prefix(worker_application_name(f"{socket.gethostname()}:{pid}:"))
+                    for pid in _children_of(self.process.pid)]
+        return conn.execute(
+            "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
+            "WHERE application_name LIKE ANY(%s) AND datname = current_database()",
+            (prefixes,)).fetchone()[0] >= self.options.processes
+
+    def stop(self) -> None:
+        """Ask it to stop, without waiting (a fleet asks all its daemons first)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait_booted(self, conn) -> None:
         deadline = time.monotonic() + BOOT_PATIENCE
         while time.monotonic() < deadline:
-            prefixes = [_like_prefix(worker_application_name(f"{socket.gethostname()}:{pid}:"))
-                        for pid in _children_of(self.process.pid)]
-            booted = conn.execute(
-                "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
-                "WHERE application_name LIKE ANY(%s) AND datname = current_database()",
-                (prefixes,)).fetchone()[0]
-            if booted >= self.options.processes:
+            if self.booted(conn):
                 # Let the children settle into their idle wait.
                 time.sleep(0.5)
                 return
@@ -159,7 +169,7 @@ def _rss_mib(pid: int) -> float | None:
     return None
 
 
-def _cpu_seconds(pid: int) -> float | None:
+def cpu_seconds(pid: int) -> float | None:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -172,7 +182,7 @@ def _process_groups(daemon: BenchDaemon, conn) -> dict[str, list[int]]:
     # The database's backends for this daemon, when the server runs on this host.
     rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
                         "AND application_name LIKE 'pgtaskd %%'").fetchall()
-    backends = [pid for (pid,) in rows if _cpu_seconds(pid) is not None]
+    backends = [pid for (pid,) in rows if cpu_seconds(pid) is not None]
     if backends:
         groups["postgres"] = backends
     return groups
@@ -185,9 +195,12 @@ def daemon_memory(daemon: BenchDaemon) -> dict[str, float | None]:
             "worker_max_mib": max(workers) if workers else None}
 
 
+def _cpu_by_pid(groups: dict[str, list[int]]) -> dict[str, dict[int, float]]:
+    return {kind: {pid: cpu_seconds(pid) or 0 for pid in pids} for kind, pids in groups.items()}
+
+
 def measure_drain(daemon: BenchDaemon, conn, options: Options, progress) -> dict:
-    groups = _process_groups(daemon, conn)
-    cpu_before = {kind: sum(_cpu_seconds(p) or 0 for p in pids) for kind, pids in groups.items()}
+    cpu_before = _cpu_by_pid(_process_groups(daemon, conn))
     started = time.monotonic()
     for offset in range(0, options.tasks, CHUNK):
         Client(conn).submit_many(noop_tasks(min(CHUNK, options.tasks - offset)))
@@ -204,8 +217,12 @@ def measure_drain(daemon: BenchDaemon, conn, options: Options, progress) -> dict
             next_report = now + PROGRESS_EVERY
         time.sleep(POLL)
     elapsed = time.monotonic() - started
-    cpu = {kind: round((sum(_cpu_seconds(p) or 0 for p in pids) - cpu_before[kind])
-                       / options.tasks * 1e6, 1) for kind, pids in groups.items()}
+    # Read again, by pid: a process that appeared during the drain (a backend that replaced
+    # another, a child restarted) spent all its CPU in it. One that went is not counted.
+    cpu_after = _cpu_by_pid(_process_groups(daemon, conn))
+    cpu = {kind: round(sum(now - cpu_before.get(kind, {}).get(pid, 0)
+                           for pid, now in pids.items()) / options.tasks * 1e6, 1)
+           for kind, pids in cpu_after.items()}
     counts = store.count_by_status(conn)
     if counts.get("COMPLETED", 0) != options.tasks:
         raise OperationalError(f"drain ended with {counts}, not {options.tasks} COMPLETED")

@@ -157,6 +157,17 @@ def cmd_bench(args, config: Config) -> int:
                                      async_handler=args.async_handler, as_json=args.json))
 
 
+def cmd_bench_fleet(args, config: Config) -> int:
+    from .bench_fleet import FleetOptions, run_fleet_bench  # as in cmd_worker
+
+    if max(args.batch_size) > MAX_BATCH_SIZE:
+        raise UsageError(f"--batch-size: must be at most {MAX_BATCH_SIZE}, got "
+                         f"{max(args.batch_size)}")
+    return run_fleet_bench(config, FleetOptions(
+        tasks=args.tasks, daemons=args.daemons, processes=args.processes,
+        batch_sizes=args.batch_size, runs=args.runs, as_json=args.json))
+
+
 def cmd_run(args, config: Config) -> int:
     from ..daemon.arbiter import Arbiter  # as in cmd_worker: speed, not a circle
 

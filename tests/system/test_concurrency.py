@@ -13,22 +13,11 @@ import pytest
 from supervisor import Client
 
 from conftest import add_task, task_row, wait_until
-from executions import overlaps, read_runs
+from executions import most_at_once, overlaps, read_runs
 
 pytestmark = pytest.mark.slow
 
 pytest_plugins = ["daemon"]
-
-
-def most_at_once(runs: list[dict]) -> int:
-    edges = sorted([(r["start"], 1) for r in runs] +
-                   [(r["end"] if r["end"] is not None else float("inf"), -1) for r in runs],
-                   key=lambda edge: (edge[0], edge[1]))
-    running = peak = 0
-    for _, step in edges:
-        running += step
-        peak = max(peak, running)
-    return peak
 
 
 def statuses(conn, names) -> dict[str, str]:

@@ -10,22 +10,10 @@ import time
 
 from conftest import wait_until
 from daemon import HANDLER_TYPES, pid_alive
-from executions import read_runs
+from executions import most_at_once, read_runs
 from supervisor import Client
 
 pytest_plugins = ["daemon"]
-
-
-def most_at_once(runs: list[dict]) -> int:
-    """The largest number of runs open at one instant (an end before a start at a tie)."""
-    edges = sorted([(run["start"], 1) for run in runs]
-                   + [(run["end"] if run["end"] is not None else float("inf"), -1)
-                      for run in runs], key=lambda edge: (edge[0], edge[1]))
-    most = current = 0
-    for _, step in edges:
-        current += step
-        most = max(most, current)
-    return most
 
 
 def completed(conn, prefix: str) -> int:
