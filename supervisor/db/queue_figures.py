@@ -43,10 +43,10 @@ MAX_OTHER_TYPES = 20
 MAX_LEVELS = 50
 
 
-def _rows(conn, name: str, params: dict[str, Any]) -> list[dict]:
+def _rows(conn, name: str, params: dict[str, Any], *, answers: bool = True) -> list[dict]:
     with cursor(conn, times=None) as cur:
         cur.execute(QUERIES[name], params)
-        return cur.fetchall()
+        return cur.fetchall() if answers else []
 
 
 def queue_health(conn, *, max_pending_age: float = 0.0, lease_grace: float = 0.0,
@@ -92,9 +92,11 @@ def queue_by_type(conn, known_types, *, cap: int, live: "LiveCounts") -> dict[st
     total split by a small sample's shares (ESTIMATE), else they stay lower bounds
     (AT_LEAST)."""
     types = sorted(set(known_types))
-    rows = _rows(conn, "queue_by_type", {"types": types, "cap": cap,
-                                          "max_levels": MAX_LEVELS,
-                                          "max_other": MAX_OTHER_TYPES})
+    with conn.transaction():
+        _rows(conn, "queue_by_type_plan", {}, answers=False)
+        rows = _rows(conn, "queue_by_type", {"types": types, "cap": cap,
+                                              "max_levels": MAX_LEVELS,
+                                              "max_other": MAX_OTHER_TYPES})
     figures: dict[str, TypeFigures] = {}
     for row in rows:
         label = OTHER_TYPES if row["task_type"] is None else row["task_type"]

@@ -37,11 +37,14 @@ PER_ROW_GROWTH = 4
 SAMPLE_PAGES_MARGIN = 15
 
 
-def buffers(conn, name: str, params: dict) -> int:
-    """Shared buffers (hit + read) touched by running the named query once."""
+def buffers(conn, name: str, params: dict, *, first: str | None = None) -> int:
+    """Shared buffers (hit + read) touched by running the named query once (after the
+    statement named ``first``, in its transaction, as the product runs them)."""
     total = None
     for _ in range(2):
         with conn.transaction(force_rollback=True):
+            if first:
+                conn.execute(QUERIES[first])
             plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[name],
                                 params).fetchone()[0][0]
         total = plan["Plan"].get("Shared Hit Blocks", 0) + plan["Plan"].get("Shared Read Blocks", 0)

@@ -114,15 +114,18 @@ def test_the_figures_by_type_read_no_more_however_the_table_grows(conn, skew):
     for size, start in [(SKEW, 1), (4 * SKEW, SKEW + 1)]:
         conn.execute(insert, {"n": size, "from": start})
         conn.execute("VACUUM ANALYZE tasks")
-        measured.append(buffers(conn, "queue_by_type", params))
+        measured.append(buffers(conn, "queue_by_type", params, first="queue_by_type_plan"))
     print(f"\nqueue_by_type: {measured[0]} buffers with {SKEW:,} rows of {skew}, "
           f"{measured[1]} with {4 * SKEW:,}")
     # A deeper B-tree adds a page to each lookup: the other types' are a few per type.
     lookups = 5 * queue_figures.MAX_OTHER_TYPES if skew == "many_other_types_due" else 0
     assert measured[1] <= measured[0] + GROWTH_MARGIN + lookups, measured
     # Four counts (three types, the gaps of the others) of 1,001 index entries at most, and
-    # a few probes for each of at most 20 other types: a few hundred pages, whatever the size.
-    assert measured[0] < 400, measured
+    # a few probes for each of at most 20 other types: a few hundred pages where the
+    # visibility map lets the scans skip the heap (PostgreSQL 15 here: at most 345), up to
+    # one heap page per counted entry where it does not (PostgreSQL 16, the embedded
+    # server: 1,603 for 20,000 rows of 20 other types, 753 for 80,000), whatever the size.
+    assert measured[0] < 400 + 2 * 1_001, measured
 
 
 def test_costly_figures_are_taken_again_only_after_a_while_or_for_new_types(db_dsn, conn,
