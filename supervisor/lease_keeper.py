@@ -395,10 +395,12 @@ class LeaseKeeper(threading.Thread):
         from .claim_board import FINISHED, STARTED
 
         unheard = settlement.unheard
-        # Its backend may still run the claim it was killed in, and commit it after we looked:
-        # wait for the backend, but not past half the lease (the reaper would charge them).
+        # Its backend may still run the claim it was killed in, or one already sent, and commit
+        # it after we looked: wait for the backend to be gone, but not past half the lease
+        # (the reaper would charge them).
         waited = time.monotonic() - unheard.died_at
-        if store.statements_still_running(conn, worker_application_name(unheard.worker_id)):
+        if store.statements_still_running(conn, worker_application_name(unheard.worker_id),
+                                          pooled=self._db.pooled):
             if waited < max(1.0, unheard.lease_seconds / 2):
                 raise _StillRunning
             emit("unheard_claims_still_running", logging.WARNING, worker_id=unheard.worker_id,

@@ -504,15 +504,17 @@ WHERE t.status = 'RUNNING'
 LIMIT %(limit)s;
 
 -- name: statements_still_running
--- A dead child's statements its backend still runs (it finds its client gone only when it
--- answers): a claim among them may commit after the supervisor looked for the child's claims.
--- Idle backends of a transaction pooler keep the last client's name, hence the state; a
--- state hidden from this role reads as NULL and counts as not running.
+-- A dead child's backends that may still commit for it: a backend finds its client gone only
+-- when it next reads or answers, and runs first a statement already in its socket (seen idle
+-- here a moment before it read it), so a direct connection counts until its backend exits.
+-- Through a transaction pooler (%(pooled)s) the server's backends outlive their clients and
+-- keep the last one's name while idle, so only a statement under way counts; a state hidden
+-- from this role reads as NULL and counts as none.
 SELECT count(*) AS running
 FROM pg_stat_activity
 WHERE datname = current_database()
   AND application_name = %(name)s
-  AND state <> 'idle';
+  AND (NOT %(pooled)s OR state <> 'idle');
 
 -- name: release_tasks
 -- Give claims back without spending a retry: a stopping daemon, or tasks of a batch that

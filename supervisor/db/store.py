@@ -220,9 +220,11 @@ def _kept_given_back(conn, claims: Sequence[tuple[str, int]], row: dict | None) 
     return row
 
 
-def statements_still_running(conn, application_name: str) -> int:
-    """How many statements the connections named ``application_name`` are running."""
-    return int(_one(conn, "statements_still_running", {"name": application_name})["running"])
+def statements_still_running(conn, application_name: str, *, pooled: bool) -> int:
+    """How many backends named ``application_name`` may still commit a statement (through a
+    transaction pooler: how many run one)."""
+    return int(_one(conn, "statements_still_running",
+                    {"name": application_name, "pooled": pooled})["running"])
 
 
 def unheard_claims(conn, worker_id: str, *, died_seconds_ago: float,
